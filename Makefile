@@ -1,0 +1,69 @@
+# floe — developer and CI entry points.
+#
+#   make test    set up a fresh machine (Go modules, Python venv) and run every test
+#   make lint    gofmt check + go vet
+#   make bench   Go benchmarks (batcher, benchmarks/...)
+#   make fuzz    a short fuzz run of the batcher's faithfulness property
+#   make demo    floe bench
+
+GO       ?= go
+GOFMT    ?= gofmt
+PYTHON   ?= python3
+FUZZTIME ?= 60s
+
+VENV     := .venv
+VPY      := $(VENV)/bin/python
+# Re-run the bridge install only when its pyproject changes.
+STAMP    := $(VENV)/.floe-bridge-installed
+BRIDGE   := trainer-bridge
+
+.PHONY: all demo test test-go test-py go-deps venv bench lint fuzz clean
+
+all: test
+
+demo:
+	$(GO) run ./cmd/floe bench
+
+test: test-go test-py
+
+go-deps:
+	$(GO) mod download
+
+test-go: go-deps
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+# --- Python trainer bridge -------------------------------------------------
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BRIDGE)/pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet --upgrade uv
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[test]'
+	touch $@
+
+venv: $(STAMP)
+
+test-py: venv
+	$(VPY) -m pytest $(BRIDGE)/tests -q
+
+# --- Quality, benchmarks, fuzzing -----------------------------------------
+
+# Checks tracked Go files plus new ones git does not ignore.
+lint:
+	@files=$$(git ls-files --cached --others --exclude-standard -- '*.go'); \
+	if [ -n "$$files" ]; then \
+		bad=$$($(GOFMT) -l $$files) || exit 1; \
+		if [ -n "$$bad" ]; then echo "gofmt -w needed on:"; echo "$$bad"; exit 1; fi; \
+	fi
+	$(GO) vet ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./batcher/ ./benchmarks/...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/
+
+clean:
+	rm -rf $(VENV) $(BRIDGE)/src/*.egg-info

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/benchmarks/packbench"
+)
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("floe bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := batcher.DefaultConfig()
+	seed := fs.Int64("seed", 1, "corpus seed")
+	groups := fs.Int("groups", corpus.Default().Groups, "GRPO groups in the corpus")
+	perStep := fs.Int("groups-per-step", 0, "groups per step (0: the whole corpus is one step)")
+	budget := fs.Int("token-budget", def.TokenBudget, "rows per micro-batch, padding included")
+	pad := fs.Int("pad-multiple", def.PadMultiple, "pad each micro-batch to a multiple of this many rows")
+	dp := fs.Int("dp-size", 8, "data-parallel ranks")
+	adv := fs.String("advantage", string(def.Advantage), "grpo, dr_grpo or rloo")
+	repeats := fs.Int("repeats", 3, "timed passes per strategy; the fastest counts")
+	statsOut := fs.String("corpus-stats", "", "also write the corpus statistics (Markdown) to this file")
+	out := fs.String("out", "", "also write the report (Markdown) to this file")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	kind, err := batcher.ParseAdvantage(*adv)
+	if err != nil {
+		return err
+	}
+	cfg := def
+	cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize, cfg.Advantage = *budget, *pad, *dp, kind
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ccfg := corpus.Default()
+	ccfg.Groups = *groups
+
+	fmt.Fprintf(stderr, "generating corpus: %d groups of %d sessions, seed %d\n", ccfg.Groups, ccfg.GroupSize, *seed)
+	start := time.Now()
+	data, cstats, err := corpus.GenerateWithStats(ccfg, *seed)
+	if err != nil {
+		return fmt.Errorf("corpus: %w", err)
+	}
+	fmt.Fprintf(stderr, "corpus ready in %.1fs\n", time.Since(start).Seconds())
+	if *statsOut != "" {
+		if err := os.WriteFile(*statsOut, []byte(cstats.Markdown()), 0o644); err != nil {
+			return fmt.Errorf("corpus stats: %w", err)
+		}
+	}
+	rep, err := packbench.Run(ctx, data, packbench.Options{Batcher: cfg, GroupsPerStep: *perStep, Repeats: *repeats, Progress: stderr})
+	if err != nil {
+		return err
+	}
+	table := rep.Table()
+	fmt.Fprint(stdout, table)
+	if *out != "" {
+		cmd := fmt.Sprintf("floe bench -seed %d -groups %d -groups-per-step %d -token-budget %d -pad-multiple %d -dp-size %d -advantage %s -repeats %d",
+			*seed, *groups, *perStep, *budget, *pad, *dp, *adv, *repeats)
+		doc := fmt.Sprintf("# Reconstruction and packing benchmark\n\nCommand: `%s`\n\n%s\n## Corpus\n\n%s", cmd, table, cstats.Markdown())
+		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,146 @@
+// Package trace holds the nouns shared by the proxy and the batcher: a model Call as the
+// proxy recorded it, the Session (one harness run) that made it, and the GRPO Group of
+// sessions that solved the same task. It has no behaviour beyond validation.
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Status is how a session ended.
+type Status string
+
+const (
+	StatusRunning   Status = "running"
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+	StatusTimeout   Status = "timeout"
+)
+
+// Call is one recorded model call: the tokens the inference server conditioned on, the
+// tokens it sampled and their log-probabilities. A request with n > 1 choices is recorded
+// as n Calls with the same Index and PromptIDs and Choice 0..n-1.
+type Call struct {
+	SessionID     string
+	Index         int // position of the call in its session, from 0
+	Choice        int // choice index for n > 1 requests, 0 otherwise
+	PromptIDs     []int32
+	ResponseIDs   []int32
+	Logprobs      []float32 // one per response id: rollout log-probability of that sampled token
+	FinishReason  string
+	PolicyVersion int64
+
+	// Trainable is false when the call is kept for the record but must not produce loss
+	// terms (token data missing or inconsistent upstream); UntrainableReason says why.
+	Trainable         bool
+	UntrainableReason string
+}
+
+// ErrInvalidCall is wrapped by every error Validate returns.
+var ErrInvalidCall = errors.New("invalid call")
+
+// Validate checks that the call's token data can be trained on: a non-empty prompt, a
+// non-empty response, one finite log-probability <= 0 per response token, and no negative
+// token ids. It returns an error wrapping ErrInvalidCall that names the call and the first
+// problem found.
+func (c *Call) Validate() error {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("%w: session %q call %d choice %d: %s",
+			ErrInvalidCall, c.SessionID, c.Index, c.Choice, fmt.Sprintf(format, args...))
+	}
+	if len(c.PromptIDs) == 0 {
+		return fail("empty prompt_ids")
+	}
+	if len(c.ResponseIDs) == 0 {
+		return fail("empty response_ids")
+	}
+	if len(c.Logprobs) != len(c.ResponseIDs) {
+		return fail("%d logprobs for %d response_ids", len(c.Logprobs), len(c.ResponseIDs))
+	}
+	for i, id := range c.PromptIDs {
+		if id < 0 {
+			return fail("prompt_ids[%d] = %d is negative", i, id)
+		}
+	}
+	for i, id := range c.ResponseIDs {
+		if id < 0 {
+			return fail("response_ids[%d] = %d is negative", i, id)
+		}
+	}
+	for i, lp := range c.Logprobs {
+		if math.IsNaN(float64(lp)) || math.IsInf(float64(lp), 0) {
+			return fail("logprobs[%d] = %v is not finite", i, lp)
+		}
+		if lp > 0 {
+			return fail("logprobs[%d] = %v is positive", i, lp)
+		}
+	}
+	return nil
+}
+
+// MarkUntrainable clears Trainable and records why. Recorders call it instead of dropping
+// a call, so that nothing the harness saw is lost and nothing broken is trained.
+func (c *Call) MarkUntrainable(reason string) {
+	c.Trainable = false
+	c.UntrainableReason = reason
+}
+
+// Session is one harness run on one task: its calls in the order they were made.
+type Session struct {
+	ID      string
+	TaskID  string
+	GroupID string
+	Calls   []Call
+	Reward  float64
+	Status  Status
+}
+
+// Group is the GRPO group: sessions that solved the same task, whose rewards are
+// compared with each other to form advantages.
+type Group struct {
+	ID       string
+	TaskID   string
+	Sessions []Session
+}
+
+// Validate checks every trainable call of the group, and that each call belongs to the
+// session that holds it.
+func (g *Group) Validate() error {
+	if len(g.Sessions) == 0 {
+		return fmt.Errorf("group %q has no sessions", g.ID)
+	}
+	for si := range g.Sessions {
+		s := &g.Sessions[si]
+		if math.IsNaN(s.Reward) || math.IsInf(s.Reward, 0) {
+			return fmt.Errorf("group %q session %q: reward %v is not finite", g.ID, s.ID, s.Reward)
+		}
+		for ci := range s.Calls {
+			c := &s.Calls[ci]
+			if c.SessionID != s.ID {
+				return fmt.Errorf("group %q session %q holds a call of session %q", g.ID, s.ID, c.SessionID)
+			}
+			if !c.Trainable {
+				continue
+			}
+			if err := c.Validate(); err != nil {
+				return fmt.Errorf("group %q: %w", g.ID, err)
+			}
+		}
+	}
+	return nil
+}
+
+// InputTokens is the number of tokens the group's calls carry, prompt and response, over
+// all calls trainable or not: the work a per-request trainer would forward.
+func (g *Group) InputTokens() int64 {
+	var n int64
+	for si := range g.Sessions {
+		for ci := range g.Sessions[si].Calls {
+			c := &g.Sessions[si].Calls[ci]
+			n += int64(len(c.PromptIDs) + len(c.ResponseIDs))
+		}
+	}
+	return n
+}

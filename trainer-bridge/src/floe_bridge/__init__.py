@@ -1,0 +1,33 @@
+"""floe_bridge: the trainer side of floe (DESIGN.md, "Trainer side")."""
+
+from .batch import (
+    MicroBatch,
+    MicroBatchMeta,
+    context_rows,
+    dense_mask,
+    validate_tree,
+    visible_rows,
+)
+from .schema import (
+    METADATA_FIELDS,
+    METADATA_KEY,
+    MICRO_BATCH_SCHEMA,
+    SAMPLE_SCHEMA,
+    check_schema,
+)
+
+__all__ = [
+    "MICRO_BATCH_SCHEMA",
+    "SAMPLE_SCHEMA",
+    "METADATA_KEY",
+    "METADATA_FIELDS",
+    "check_schema",
+    "MicroBatch",
+    "MicroBatchMeta",
+    "dense_mask",
+    "visible_rows",
+    "context_rows",
+    "validate_tree",
+]
+
+__version__ = "0.1.0"
