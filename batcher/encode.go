@@ -159,8 +159,8 @@ func (c *columns) record(schema *arrow.Schema, meta arrow.Metadata) arrow.Record
 }
 
 // writePiece lays out a piece's nodes in DFS pre-order from row start and returns the row
-// after it. A node whose first leaf lies before the piece was trained in an earlier piece:
-// here its rows are context only.
+// after it. A node whose first leaf lies in another piece is trained there: here its rows
+// are context only.
 func (c *columns) writePiece(p *piece, advantages []float32, start int32) int32 {
 	l := p.lay
 	f := l.f
@@ -184,7 +184,7 @@ func (c *columns) writePiece(p *piece, advantages []float32, start int32) int32 
 		for t := 1; t < len(pr); t++ {
 			pr[t] = r0 + int32(t) - 1
 		}
-		if nd.sample != none && l.leafLo[n] >= p.lo {
+		if nd.sample != none && p.holds(l.leafLo[n]) {
 			fill(c.mask[r0:r1], 1)
 			copy(c.logprobs[r0:r1], nd.logprobs)
 			s := p.base + nd.sample
@@ -204,7 +204,7 @@ func (c *columns) writePiece(p *piece, advantages []float32, start int32) int32 
 		top := &stack[len(stack)-1]
 		if ch := top.child; ch != none {
 			top.child = f.nodes[ch].next
-			if l.leafHi[ch] > p.lo && l.leafLo[ch] < p.hi {
+			if p.overlaps(l.leafLo[ch], l.leafHi[ch]) {
 				visit(ch, top.after-1)
 			}
 			continue

@@ -10,25 +10,22 @@ type leaf struct {
 	loss   int64 // loss rows first reached at this leaf
 }
 
-// layout is the DFS view of a forest that cutting and encoding need: leaves in order and
-// each node's leaf range, so "the part of a tree that leaves [lo, hi) need" is a range test.
+// layout is the DFS view of a forest that cutting and encoding need: leaves in order,
+// each node's leaf range and subtree size, so "the part of a tree that these leaves need"
+// is a range test.
 type layout struct {
-	f      *forest
-	leaves []leaf
-	leafLo []int32 // per node: index of its first leaf
-	leafHi []int32 // per node: one past its last leaf
-	trees  []treeSpan
-}
-
-// treeSpan is one root and its leaves [lo, hi).
-type treeSpan struct {
-	root   int32
-	lo, hi int32
+	f       *forest
+	leaves  []leaf
+	leafLo  []int32   // per node: index of its first leaf
+	leafHi  []int32   // per node: one past its last leaf
+	subRows []int64   // per node: rows in its subtree, its own run included
+	subAttn []float64 // per node: Σ(depth+1) over its subtree's rows
+	trees   []int32   // roots
 }
 
 func newLayout(f *forest) *layout {
 	n := len(f.nodes)
-	l := &layout{f: f, leafLo: make([]int32, n), leafHi: make([]int32, n)}
+	l := &layout{f: f, leafLo: make([]int32, n), leafHi: make([]int32, n), subRows: make([]int64, n), subAttn: make([]float64, n)}
 	type frame struct{ n, child int32 }
 	stack := make([]frame, 0, 64)
 	var shared int64 = -1 // depth of the first node entered since the last leaf
@@ -42,14 +39,16 @@ func newLayout(f *forest) *layout {
 			loss += int64(len(nd.tokens))
 		}
 		l.leafLo[n] = int32(len(l.leaves))
+		end := int64(nd.depth) + int64(len(nd.tokens))
+		l.subRows[n] = int64(len(nd.tokens))
+		l.subAttn[n] = tri(end) - tri(int64(nd.depth))
 		if nd.first == none {
-			l.leaves = append(l.leaves, leaf{node: n, length: int64(nd.depth) + int64(len(nd.tokens)), shared: shared, loss: loss})
+			l.leaves = append(l.leaves, leaf{node: n, length: end, shared: shared, loss: loss})
 			shared, loss = -1, 0
 		}
 		stack = append(stack, frame{n: n, child: nd.first})
 	}
 	for root := f.nodes[0].first; root != none; root = f.nodes[root].next {
-		lo := int32(len(l.leaves))
 		enter(root)
 		for len(stack) > 0 {
 			top := &stack[len(stack)-1]
@@ -59,21 +58,29 @@ func newLayout(f *forest) *layout {
 				continue
 			}
 			l.leafHi[top.n] = int32(len(l.leaves))
+			if p := f.nodes[top.n].parent; p > 0 {
+				l.subRows[p] += l.subRows[top.n]
+				l.subAttn[p] += l.subAttn[top.n]
+			}
 			stack = stack[:len(stack)-1]
 		}
-		l.trees = append(l.trees, treeSpan{root: root, lo: lo, hi: int32(len(l.leaves))})
+		l.trees = append(l.trees, root)
 	}
 	return l
 }
 
-// piece is the part of one tree that leaves [lo, hi) need: their root-to-leaf paths. The
-// ancestors it shares with the piece before it are repeated as context; their loss is
-// trained only in the piece where they first appear.
+// leafRange is the leaves [lo, hi) in DFS order: the leaves of one subtree.
+type leafRange struct{ lo, hi int32 }
+
+// piece is the part of one tree that one micro-batch holds: some of its units and the
+// paths from the root down to them. Path rows that another piece of the tree also needs are
+// repeated there as context; a node's loss is trained only in the piece holding its first
+// leaf.
 type piece struct {
 	lay    *layout
 	base   int32 // step sample index of the group's first session
 	root   int32
-	lo, hi int32
+	ranges []leafRange // sorted, disjoint
 	rows   int64
 	attn   float64 // Σ(depth+1) over its rows
 	loss   int64
@@ -82,77 +89,82 @@ type piece struct {
 // tri is Σ(d+1) for d in [0, x): the attention cost of a path of x rows.
 func tri(x int64) float64 { return float64(x) * float64(x+1) / 2 }
 
-func (l *layout) newPiece(root, lo, hi int32) piece {
-	p := piece{lay: l, root: root, lo: lo, hi: hi}
-	first := &l.leaves[lo]
-	p.rows = first.shared
-	p.attn = tri(first.shared)
-	for k := lo; k < hi; k++ {
-		lf := &l.leaves[k]
-		p.rows += lf.length - lf.shared
-		p.attn += tri(lf.length) - tri(lf.shared)
-		p.loss += lf.loss
+// holds reports whether leaf k is one of the piece's.
+func (p *piece) holds(k int32) bool {
+	for _, r := range p.ranges {
+		if k >= r.lo && k < r.hi {
+			return true
+		}
 	}
-	return p
+	return false
 }
 
-// cut splits every tree of the layout into pieces of at most budget rows. A tree that
-// fits is one piece. A larger one is cut between leaves where the repeated ancestor rows
-// add up to the least (fewest pieces among equals): consecutive leaves of different
-// sessions share only the group prompt, leaves of one session share its history.
-func (l *layout) cut(budget int64, sessionName func(sample int32) string) ([]piece, error) {
-	var out []piece
-	for _, t := range l.trees {
-		var total int64
-		for k := t.lo; k < t.hi; k++ {
-			lf := &l.leaves[k]
-			if lf.length > budget {
-				return nil, fmt.Errorf("session %s: a root-to-leaf path of %d rows is longer than the token budget of %d rows",
-					sessionName(l.f.nodes[lf.node].creator), lf.length, budget)
-			}
-			total += lf.length - lf.shared
+// overlaps reports whether any of the piece's leaves lies in [lo, hi).
+func (p *piece) overlaps(lo, hi int32) bool {
+	for _, r := range p.ranges {
+		if r.lo < hi && lo < r.hi {
+			return true
 		}
-		if total <= budget {
-			out = append(out, l.newPiece(t.root, t.lo, t.hi))
-			continue
+	}
+	return false
+}
+
+// cutFloor is the fewest rows any cut of the forest's trees into pieces of at most budget
+// rows can forward. Every piece holding a leaf below node n holds the whole path down to
+// n's end (e rows) and at most budget-e rows below it, so the b rows below n need at least
+// ceil(b/(budget-e)) pieces, each repeating n's rows.
+func (l *layout) cutFloor(budget int64) int64 {
+	var total int64
+	for n := 1; n < len(l.f.nodes); n++ {
+		nd := &l.f.nodes[n]
+		own := int64(len(nd.tokens))
+		end := int64(nd.depth) + own
+		below := l.subRows[n] - own
+		k := int64(1)
+		if below > 0 && end < budget {
+			k = max(1, (below+budget-end-1)/(budget-end))
 		}
-		out = append(out, l.cutTree(t, budget)...)
+		total += k * own
+	}
+	return total
+}
+
+// unit is a whole subtree that goes into one micro-batch, with the path above it that must
+// come along. A tree that fits the budget is a single unit with no path above it; a larger
+// one is split at its branch points into the largest subtrees that fit beside their path.
+type unit struct {
+	lay   *layout
+	base  int32 // step sample index of the group's first session
+	root  int32 // the tree's root
+	node  int32 // the subtree's top node
+	above int64 // rows on the path above node
+	rows  int64 // rows of the subtree
+}
+
+// units splits every tree of the layout into units of at most budget rows, path included.
+// It fails when a single root-to-leaf path is longer than the budget.
+func (l *layout) units(budget int64, base int32, sessionName func(sample int32) string) ([]unit, error) {
+	for _, lf := range l.leaves {
+		if lf.length > budget {
+			return nil, fmt.Errorf("session %s: a root-to-leaf path of %d rows is longer than the token budget of %d rows",
+				sessionName(l.f.nodes[lf.node].creator), lf.length, budget)
+		}
+	}
+	var out []unit
+	var split func(root, v int32, above int64)
+	split = func(root, v int32, above int64) {
+		if above+l.subRows[v] <= budget {
+			out = append(out, unit{lay: l, base: base, root: root, node: v, above: above, rows: l.subRows[v]})
+			return
+		}
+		// v has children: a leaf on its own always fits, as checked above.
+		path := above + int64(len(l.f.nodes[v].tokens))
+		for c := l.f.nodes[v].first; c != none; c = l.f.nodes[c].next {
+			split(root, c, path)
+		}
+	}
+	for _, root := range l.trees {
+		split(root, root, 0)
 	}
 	return out, nil
-}
-
-// cutTree is a shortest-path over cut positions: best[j] is the least repeated rows for
-// leaves [lo, lo+j), and a piece [i, j) fits when shared_i + Σ_{i<=k<j}(length_k - shared_k)
-// <= budget. That sum only grows as i moves left, so the scan for each j stops early.
-func (l *layout) cutTree(t treeSpan, budget int64) []piece {
-	n := int(t.hi - t.lo)
-	lv := l.leaves[t.lo:t.hi]
-	type state struct {
-		extra  int64
-		pieces int
-		from   int
-	}
-	best := make([]state, n+1)
-	for j := 1; j <= n; j++ {
-		best[j] = state{extra: -1}
-		var span int64 // Σ (length - shared) over leaves [i, j)
-		for i := j - 1; i >= 0; i-- {
-			span += lv[i].length - lv[i].shared
-			if lv[i].shared+span > budget {
-				break
-			}
-			prev := best[i]
-			cand := state{extra: prev.extra + lv[i].shared, pieces: prev.pieces + 1, from: i}
-			if best[j].extra < 0 || cand.extra < best[j].extra ||
-				(cand.extra == best[j].extra && cand.pieces < best[j].pieces) {
-				best[j] = cand
-			}
-		}
-	}
-	pieces := make([]piece, best[n].pieces)
-	for j, k := n, len(pieces)-1; j > 0; j, k = best[j].from, k-1 {
-		i := best[j].from
-		pieces[k] = l.newPiece(t.root, t.lo+int32(i), t.lo+int32(j))
-	}
-	return pieces
 }

@@ -1,8 +1,10 @@
 package batcher
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 )
@@ -38,99 +40,303 @@ func (c Config) cost(b *bin) float64 {
 	return c.RowCost*float64(padded) + c.AttnCost*(b.attn+float64(padded-b.rows))
 }
 
-// pack places pieces into bins of at most budget rows: best-fit decreasing, then, when
-// the bin count is not a multiple of dp, the same pieces are spread worst-fit over the
-// next multiple so that no rank gets an empty micro-batch while another is full.
-func pack(pieces []piece, budget int64, dp int) ([]bin, error) {
-	order := make([]int, len(pieces))
-	for i := range order {
-		order[i] = i
-	}
-	// Stable, so equal pieces keep their input order and the step stays deterministic.
-	sort.SliceStable(order, func(a, b int) bool {
-		pa, pb := &pieces[order[a]], &pieces[order[b]]
-		if pa.rows != pb.rows {
-			return pa.rows > pb.rows
+// pack places units into micro-batches of at most budget rows and returns the pieces it
+// formed and the bins holding them.
+//
+//  1. Each tree that had to be split is packed on its own into as few pieces as fit: its
+//     units largest first, each into the piece where it adds the fewest path rows (a
+//     sibling session under the same group prompt adds none), then the one it leaves the
+//     least room in.
+//  2. All pieces are packed best-fit decreasing into n bins.
+//  3. When n is not a multiple of dp, rounding up would leave up to dp-1 bins' worth of
+//     budget unused, so the pieces are first re-packed into the multiple below: pieces
+//     best-fit, and a piece that fits no bin whole is broken into its units, each placed
+//     where it adds the fewest path rows. If that fails, the pieces of pass 2 are spread
+//     worst-fit over the multiple above, so that no rank gets an empty micro-batch while
+//     another is full.
+func pack(units []unit, budget int64, dp int) ([]piece, []bin, error) {
+	var parts []*part
+	for start := 0; start < len(units); {
+		end := start + 1
+		for end < len(units) && units[end].lay == units[start].lay && units[end].root == units[start].root {
+			end++
 		}
-		return pa.attn > pb.attn
-	})
-	for _, i := range order {
-		if pieces[i].rows > budget {
-			return nil, fmt.Errorf("internal error: piece of %d rows exceeds the budget of %d", pieces[i].rows, budget)
+		tree := units[start:end]
+		for i := range tree {
+			if u := &tree[i]; u.above+u.rows > budget {
+				return nil, nil, fmt.Errorf("internal error: unit of %d rows under a path of %d exceeds the budget of %d", u.rows, u.above, budget)
+			}
+		}
+		parts = packTree(parts, tree, budget)
+		start = end
+	}
+	// Stable, so equal parts keep their input order and the step stays deterministic.
+	slices.SortStableFunc(parts, func(a, b *part) int { return cmp.Compare(b.rows, a.rows) })
+	drafts := bestFit(parts, budget)
+	n := len(drafts)
+	down, up := n/dp*dp, (max(n, 1)+dp-1)/dp*dp
+	if down != n && down > 0 {
+		if re, ok := repack(parts, budget, down); ok {
+			drafts = re
 		}
 	}
-	bins := bestFit(pieces, order, budget)
-	want := (max(len(bins), 1) + dp - 1) / dp * dp
-	if want != len(bins) {
-		if spread, ok := worstFit(pieces, order, budget, want); ok {
-			bins = spread
+	if len(drafts) != down && up != n {
+		if spread, ok := worstFit(parts, budget, up); ok {
+			drafts = spread
 		} else {
-			bins = append(bins, make([]bin, want-len(bins))...)
+			drafts = append(drafts, make([]*binDraft, up-n)...)
 		}
 	}
-	for i := range bins {
-		if bins[i].rows > budget {
-			return nil, fmt.Errorf("internal error: micro-batch of %d rows exceeds the budget of %d", bins[i].rows, budget)
+	var pieces []piece
+	bins := make([]bin, len(drafts))
+	for b, d := range drafts {
+		if d == nil {
+			continue
+		}
+		for _, p := range d.parts {
+			pieces = append(pieces, p.finish())
+			bins[b].add(len(pieces)-1, &pieces[len(pieces)-1])
+		}
+		if bins[b].rows > budget {
+			return nil, nil, fmt.Errorf("internal error: micro-batch of %d rows exceeds the budget of %d", bins[b].rows, budget)
 		}
 	}
-	return bins, nil
+	return pieces, bins, nil
 }
 
-// bestFit puts each piece, largest first, into the open bin it leaves least room in.
-// open holds bin indices sorted by remaining room, so the choice is a binary search.
-func bestFit(pieces []piece, order []int, budget int64) []bin {
-	var bins []bin
+// part is a piece being packed: it remembers its units and which path nodes it holds, so
+// that more units of its tree can join it paying only for the path they add.
+type part struct {
+	piece
+	units  []*unit
+	onPath map[int32]bool
+}
+
+// pathCost is the number of rows of u's path not yet in p.
+func (p *part) pathCost(u *unit, limit int64) int64 {
+	nodes := u.lay.f.nodes
+	var extra int64
+	for n := nodes[u.node].parent; n > 0 && !p.onPath[n]; n = nodes[n].parent {
+		if extra += int64(len(nodes[n].tokens)); extra > limit {
+			return extra
+		}
+	}
+	return extra
+}
+
+// addUnit puts u and the missing part of its path into p and returns the rows added.
+func (p *part) addUnit(u *unit) int64 {
+	l := u.lay
+	nodes := l.f.nodes
+	added := u.rows
+	for n := nodes[u.node].parent; n > 0 && !p.onPath[n]; n = nodes[n].parent {
+		if p.onPath == nil {
+			p.onPath = make(map[int32]bool)
+		}
+		p.onPath[n] = true
+		nd := &nodes[n]
+		rows := int64(len(nd.tokens))
+		added += rows
+		p.attn += tri(int64(nd.depth)+rows) - tri(int64(nd.depth))
+	}
+	p.rows += added
+	p.attn += l.subAttn[u.node]
+	p.units = append(p.units, u)
+	return added
+}
+
+// finish returns the piece with its leaf ranges sorted and its loss rows counted.
+func (p *part) finish() piece {
+	pc := p.piece
+	pc.ranges = make([]leafRange, len(p.units))
+	for i, u := range p.units {
+		pc.ranges[i] = leafRange{pc.lay.leafLo[u.node], pc.lay.leafHi[u.node]}
+	}
+	slices.SortFunc(pc.ranges, func(a, b leafRange) int { return cmp.Compare(a.lo, b.lo) })
+	for _, r := range pc.ranges {
+		for k := r.lo; k < r.hi; k++ {
+			pc.loss += pc.lay.leaves[k].loss
+		}
+	}
+	return pc
+}
+
+func newPart(u *unit) *part {
+	return &part{piece: piece{lay: u.lay, base: u.base, root: u.root}}
+}
+
+// binDraft is a micro-batch being packed.
+type binDraft struct {
+	rows  int64
+	parts []*part
+}
+
+// unitCost is the rows u adds to d (its own and the path d lacks), or -1 when it does not
+// fit within budget; p is the part of u's tree it would join, nil for a new one.
+func (d *binDraft) unitCost(u *unit, budget int64) (int64, *part) {
+	room := budget - d.rows - u.rows
+	if room < 0 {
+		return -1, nil
+	}
+	for _, p := range d.parts {
+		if p.lay == u.lay && p.root == u.root {
+			if extra := p.pathCost(u, room); extra <= room {
+				return u.rows + extra, p
+			}
+			return -1, nil
+		}
+	}
+	if u.above > room {
+		return -1, nil
+	}
+	return u.rows + u.above, nil
+}
+
+// placeUnit puts u into the draft among ds where it adds the fewest rows, then leaves the
+// least room; with grow it opens a new draft when none fits. It reports whether u was placed.
+func placeUnit(ds []*binDraft, u *unit, budget int64, grow bool) ([]*binDraft, bool) {
+	best, bestCost, bestLeft := -1, int64(0), int64(0)
+	var bestPart *part
+	for i, d := range ds {
+		c, p := d.unitCost(u, budget)
+		if c < 0 {
+			continue
+		}
+		left := budget - d.rows - c
+		if best < 0 || c < bestCost || (c == bestCost && left < bestLeft) {
+			best, bestCost, bestLeft, bestPart = i, c, left, p
+		}
+	}
+	if best < 0 {
+		if !grow {
+			return ds, false
+		}
+		ds = append(ds, &binDraft{})
+		best = len(ds) - 1
+	}
+	d := ds[best]
+	if bestPart == nil {
+		bestPart = newPart(u)
+		d.parts = append(d.parts, bestPart)
+	}
+	d.rows += bestPart.addUnit(u)
+	return ds, true
+}
+
+// packTree appends the parts of one tree given as its units: one part when the tree is
+// whole, else as few as a best-fit pass over its units makes.
+func packTree(out []*part, units []unit, budget int64) []*part {
+	if len(units) == 1 && units[0].above == 0 {
+		p := newPart(&units[0])
+		p.addUnit(&units[0])
+		return append(out, p)
+	}
+	order := make([]*unit, len(units))
+	for i := range units {
+		order[i] = &units[i]
+	}
+	slices.SortStableFunc(order, func(a, b *unit) int { return cmp.Compare(b.above+b.rows, a.above+a.rows) })
+	var ds []*binDraft
+	for _, u := range order {
+		ds, _ = placeUnit(ds, u, budget, true)
+	}
+	for _, d := range ds {
+		out = append(out, d.parts...)
+	}
+	return out
+}
+
+// bestFit puts each part, largest first, into the open draft it leaves least room in.
+// open holds draft indices sorted by remaining room, so the choice is a binary search.
+func bestFit(parts []*part, budget int64) []*binDraft {
+	var ds []*binDraft
 	var open []int
-	room := func(b int) int64 { return budget - bins[b].rows }
-	for _, i := range order {
-		p := &pieces[i]
+	room := func(b int) int64 { return budget - ds[b].rows }
+	for _, p := range parts {
 		k := sort.Search(len(open), func(k int) bool { return room(open[k]) >= p.rows })
 		var b int
 		if k == len(open) {
-			bins = append(bins, bin{})
-			b = len(bins) - 1
+			ds = append(ds, &binDraft{})
+			b = len(ds) - 1
 		} else {
 			b = open[k]
 			open = slices.Delete(open, k, k+1)
 		}
-		bins[b].add(i, p)
+		ds[b].rows += p.rows
+		ds[b].parts = append(ds[b].parts, p)
 		if r := room(b); r > 0 {
 			at := sort.Search(len(open), func(k int) bool { return room(open[k]) >= r })
 			open = slices.Insert(open, at, b)
 		}
 	}
-	return bins
+	return ds
 }
 
-// worstFit puts each piece, largest first, into the emptiest of n bins; ok is false when
-// some piece fits nowhere.
-func worstFit(pieces []piece, order []int, budget int64, n int) ([]bin, bool) {
-	bins := make([]bin, n)
-	h := &roomHeap{bins: bins, idx: make([]int, n)}
+// repack tries to fit the parts into exactly n drafts: each part best-fit whole, or else
+// broken into its units, each placed where it adds the fewest rows. Parts are copied, so a
+// failed attempt leaves them as they were.
+func repack(parts []*part, budget int64, n int) ([]*binDraft, bool) {
+	ds := make([]*binDraft, n)
+	for i := range ds {
+		ds[i] = &binDraft{}
+	}
+	for _, p := range parts {
+		best := -1
+		for i, d := range ds {
+			if d.rows+p.rows <= budget && (best < 0 || d.rows > ds[best].rows) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			cp := *p
+			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
+			ds[best].rows += p.rows
+			ds[best].parts = append(ds[best].parts, &cp)
+			continue
+		}
+		for _, u := range p.units {
+			var ok bool
+			if ds, ok = placeUnit(ds, u, budget, false); !ok {
+				return nil, false
+			}
+		}
+	}
+	return ds, true
+}
+
+// worstFit puts each part, largest first, into the emptiest of n drafts; ok is false when
+// some part fits nowhere.
+func worstFit(parts []*part, budget int64, n int) ([]*binDraft, bool) {
+	ds := make([]*binDraft, n)
+	for i := range ds {
+		ds[i] = &binDraft{}
+	}
+	h := &roomHeap{ds: ds, idx: make([]int, n)}
 	for i := range h.idx {
 		h.idx[i] = i
 	}
 	heap.Init(h)
-	for _, i := range order {
-		b := h.idx[0]
-		if budget-bins[b].rows < pieces[i].rows {
+	for _, p := range parts {
+		d := ds[h.idx[0]]
+		if budget-d.rows < p.rows {
 			return nil, false
 		}
-		bins[b].add(i, &pieces[i])
+		d.rows += p.rows
+		d.parts = append(d.parts, p)
 		heap.Fix(h, 0)
 	}
-	return bins, true
+	return ds, true
 }
 
 // roomHeap orders bins by rows ascending (most room first), ties by index.
 type roomHeap struct {
-	bins []bin
-	idx  []int
+	ds  []*binDraft
+	idx []int
 }
 
 func (h *roomHeap) Len() int { return len(h.idx) }
 func (h *roomHeap) Less(a, b int) bool {
-	ra, rb := h.bins[h.idx[a]].rows, h.bins[h.idx[b]].rows
+	ra, rb := h.ds[h.idx[a]].rows, h.ds[h.idx[b]].rows
 	if ra != rb {
 		return ra < rb
 	}

@@ -40,7 +40,8 @@ type Stats struct {
 	Calls          int
 	TrainableCalls int
 	InputTokens    int64   // Σ over calls of prompt+response tokens
-	DistinctRows   int64   // rows of the forests before any cut: the floor for this strategy
+	DistinctRows   int64   // rows of the forests before any cut
+	CutFloor       int64   // the fewest rows any cut of the forests to the budget can forward
 	Rows           int64   // rows placed in micro-batches, cut repeats included
 	PaddedRows     int64   // Rows plus padding
 	LossRows       int64   // sampled tokens trained
@@ -166,7 +167,7 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 	}
 	st := &Step{Number: n, Strategy: cfg.Strategy, padMultiple: cfg.PadMultiple}
 	st.PolicyVersionMin, st.PolicyVersionMax = math.MaxInt64, math.MinInt64
-	var pieces []piece
+	var units []unit
 	for _, r := range groups {
 		if r.Strategy != cfg.Strategy {
 			return nil, fmt.Errorf("step %d: group %q was reconstructed with %s, the step packs %s", n, r.Group.ID, r.Strategy, cfg.Strategy)
@@ -179,19 +180,17 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 		}
 		st.Stats.add(&r.stats)
 		st.PolicyVersionMin, st.PolicyVersionMax = min(st.PolicyVersionMin, r.vmin), max(st.PolicyVersionMax, r.vmax)
-		cut, err := r.lay.cut(int64(cfg.TokenBudget), func(s int32) string { return fmt.Sprintf("%q", r.Samples[s].SessionID) })
+		us, err := r.lay.units(int64(cfg.TokenBudget), base, func(s int32) string { return fmt.Sprintf("%q", r.Samples[s].SessionID) })
 		if err != nil {
 			return nil, fmt.Errorf("step %d, group %q: %w", n, r.Group.ID, err)
 		}
-		for i := range cut {
-			cut[i].base = base
-		}
-		pieces = append(pieces, cut...)
+		units = append(units, us...)
+		st.Stats.CutFloor += r.lay.cutFloor(int64(cfg.TokenBudget))
 	}
 	if st.PolicyVersionMin > st.PolicyVersionMax {
 		st.PolicyVersionMin, st.PolicyVersionMax = 0, 0
 	}
-	bins, err := pack(pieces, int64(cfg.TokenBudget), cfg.DPSize)
+	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize)
 	if err != nil {
 		return nil, fmt.Errorf("step %d: %w", n, err)
 	}
@@ -243,6 +242,7 @@ func (s *Stats) add(o *Stats) {
 	s.TrainableCalls += o.TrainableCalls
 	s.InputTokens += o.InputTokens
 	s.DistinctRows += o.DistinctRows
+	s.CutFloor += o.CutFloor
 	s.Trees += o.Trees
 }
 

@@ -41,6 +41,7 @@ type Report struct {
 	Options     Options
 	InputTokens int64
 	LowerBound  int64 // distinct rows of the group tries before any cut
+	CutFloor    int64 // the fewest rows any cut of those tries to the budget can forward
 	Results     []Result
 }
 
@@ -83,6 +84,7 @@ func Run(ctx context.Context, groups []trace.Group, opt Options) (*Report, error
 		}
 		if s == batcher.Tree {
 			rep.LowerBound = res.Stats.DistinctRows
+			rep.CutFloor = res.Stats.CutFloor
 		}
 		rep.Results = append(rep.Results, res)
 	}
@@ -157,6 +159,7 @@ func accumulate(t, s *batcher.Stats, steps int) {
 	t.TrainableCalls += s.TrainableCalls
 	t.InputTokens += s.InputTokens
 	t.DistinctRows += s.DistinctRows
+	t.CutFloor += s.CutFloor
 	t.Rows += s.Rows
 	t.PaddedRows += s.PaddedRows
 	t.LossRows += s.LossRows
@@ -172,8 +175,9 @@ func accumulate(t, s *batcher.Stats, steps int) {
 func (r *Report) Table() string {
 	var b strings.Builder
 	base := r.Results[0].Stats
-	fmt.Fprintf(&b, "input tokens %s · lower bound (distinct rows of the group tries) %s · B = %d · dp = %d · groups/step %d\n\n",
-		human(r.InputTokens), human(r.LowerBound), r.Options.Batcher.TokenBudget, r.Options.Batcher.DPSize, r.groupsPerStep())
+	fmt.Fprintf(&b, "input tokens %s · lower bound (distinct rows of the group tries) %s · cut floor (fewest rows any cut to B can forward) %s (%.3f x bound) · B = %d · dp = %d · groups/step %d\n\n",
+		human(r.InputTokens), human(r.LowerBound), human(r.CutFloor), float64(r.CutFloor)/float64(r.LowerBound),
+		r.Options.Batcher.TokenBudget, r.Options.Batcher.DPSize, r.groupsPerStep())
 	b.WriteString("| strategy | rows forwarded | vs per_request | / lower bound | attention Σ(depth+1) | vs per_request | micro-batches | fill | imbalance | reconstruct tok/s | full path tok/s | alloc B/row |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
