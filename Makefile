@@ -2,7 +2,8 @@
 #
 #   make test    set up a fresh machine (Go modules, Python venv) and run every test
 #   make lint    gofmt check + go vet
-#   make bench   Go benchmarks (batcher, benchmarks/...)
+#   make bench   Go benchmarks (batcher, benchmarks/...), one core
+#   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    floe bench
 
@@ -17,7 +18,7 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py go-deps venv bench lint fuzz clean
+.PHONY: all demo test test-go test-py go-deps venv bench bench-report lint fuzz clean
 
 all: test
 
@@ -60,7 +61,11 @@ lint:
 	$(GO) vet ./...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./batcher/ ./benchmarks/...
+	$(GO) test -run '^$$' -bench . -benchmem -cpu 1 ./batcher/ ./benchmarks/...
+
+# Regenerates the committed packing report and the corpus statistics beside the generator.
+bench-report:
+	$(GO) run ./cmd/floe bench -out benchmarks/results/packing/REPORT.md -corpus-stats benchmarks/corpus/STATS.md
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/

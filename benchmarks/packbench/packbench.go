@@ -178,13 +178,14 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "input tokens %s · lower bound (distinct rows of the group tries) %s · cut floor (fewest rows any cut to B can forward) %s (%.3f x bound) · B = %d · dp = %d · groups/step %d\n\n",
 		human(r.InputTokens), human(r.LowerBound), human(r.CutFloor), float64(r.CutFloor)/float64(r.LowerBound),
 		r.Options.Batcher.TokenBudget, r.Options.Batcher.DPSize, r.groupsPerStep())
-	b.WriteString("| strategy | rows forwarded | vs per_request | / lower bound | attention Σ(depth+1) | vs per_request | micro-batches | fill | imbalance | reconstruct tok/s | full path tok/s | alloc B/row |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| strategy | rows forwarded | vs per_request | / lower bound | / cut floor | attention Σ(depth+1) | vs per_request | micro-batches | fill | imbalance | reconstruct tok/s | full path tok/s | alloc B/row |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		s := res.Stats
-		fmt.Fprintf(&b, "| %s | %s | %.2fx | %.3f | %s | %.1fx | %d | %.1f%% | %.3f | %s | %s | %.1f |\n",
+		fmt.Fprintf(&b, "| %s | %s | %.2fx | %.3f | %.3f | %s | %.1fx | %d | %.1f%% | %.3f | %s | %s | %.1f |\n",
 			res.Strategy, human(s.PaddedRows), float64(base.PaddedRows)/float64(s.PaddedRows),
-			float64(s.PaddedRows)/float64(r.LowerBound), human(int64(s.AttnCost)), base.AttnCost/s.AttnCost,
+			float64(s.PaddedRows)/float64(r.LowerBound), float64(s.PaddedRows)/float64(r.CutFloor),
+			human(int64(s.AttnCost)), base.AttnCost/s.AttnCost,
 			s.MicroBatches, 100*s.Fill, s.Imbalance,
 			human(int64(float64(r.InputTokens)/res.ReconstructSeconds)), human(int64(float64(r.InputTokens)/res.FullSeconds)),
 			float64(res.AllocBytes)/float64(s.PaddedRows))

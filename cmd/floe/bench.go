@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/floe-rl/floe/batcher"
@@ -67,10 +70,28 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *out != "" {
 		cmd := fmt.Sprintf("floe bench -seed %d -groups %d -groups-per-step %d -token-budget %d -pad-multiple %d -dp-size %d -advantage %s -repeats %d",
 			*seed, *groups, *perStep, *budget, *pad, *dp, *adv, *repeats)
-		doc := fmt.Sprintf("# Reconstruction and packing benchmark\n\nCommand: `%s`\n\n%s\n## Corpus\n\n%s", cmd, table, cstats.Markdown())
+		doc := fmt.Sprintf("# Reconstruction and packing benchmark\n\nCommand: `%s` (`make bench-report`)\n\nMachine: %s\n\n%s\n## Corpus\n\n%s",
+			cmd, machine(), table, cstats.Markdown())
 		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 			return fmt.Errorf("report: %w", err)
 		}
 	}
 	return nil
+}
+
+// machine describes where the benchmark ran, for the report.
+func machine() string {
+	cpu := "unknown CPU"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%s, %d logical CPUs (throughput measured on one: GOMAXPROCS=1), %s %s/%s",
+		cpu, runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
