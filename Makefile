@@ -41,7 +41,7 @@ $(VPY):
 
 $(STAMP): $(BRIDGE)/pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade uv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[test]'
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test]'
 	touch $@
 
 venv: $(STAMP)

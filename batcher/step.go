@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -70,6 +71,10 @@ type Step struct {
 	padMultiple int
 }
 
+// ErrNothingToTrain is returned by Pack and FormStep for a step whose groups hold no
+// trainable call: there is no loss to normalise, so no step is formed.
+var ErrNothingToTrain = errors.New("nothing to train")
+
 // Reconstructed is one group turned into sequences under a strategy, with its samples
 // and their advantages. The sidecar reconstructs each group as it completes and packs a
 // step from several.
@@ -132,11 +137,10 @@ func (r *Reconstructed) addSamples(kind Advantage) {
 			}
 			r.stats.TrainableCalls++
 			version = min(version, c.PolicyVersion)
+			r.vmin, r.vmax = min(r.vmin, c.PolicyVersion), max(r.vmax, c.PolicyVersion)
 		}
 		if version == math.MaxInt64 {
 			version = 0
-		} else {
-			r.vmin, r.vmax = min(r.vmin, version), max(r.vmax, version)
 		}
 		r.Samples = append(r.Samples, Sample{
 			Index: int32(i), SessionID: s.ID, GroupID: g.ID, TaskID: taskOf(g, s),
@@ -187,8 +191,8 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 		units = append(units, us...)
 		st.Stats.CutFloor += r.lay.cutFloor(int64(cfg.TokenBudget))
 	}
-	if st.PolicyVersionMin > st.PolicyVersionMax {
-		st.PolicyVersionMin, st.PolicyVersionMax = 0, 0
+	if len(units) == 0 {
+		return nil, fmt.Errorf("step %d: %w: its %d groups hold no trainable call", n, ErrNothingToTrain, len(groups))
 	}
 	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize)
 	if err != nil {

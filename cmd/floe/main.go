@@ -16,6 +16,9 @@ const usage = `usage: floe <command> [flags]
 commands:
   bench     reconstruct, pack and encode a synthetic agent-trace corpus with every
             strategy and print the comparison table
+  corpus-serve
+            form steps from the synthetic corpus and serve them over Arrow Flight, for
+            developing and testing a trainer against floe
   version   print the version
 
 Run 'floe <command> -h' for a command's flags.
@@ -36,6 +39,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
+	case "corpus-serve":
+		err = runCorpusServe(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "floe", version())
 	case "help", "-h", "--help":

@@ -123,3 +123,75 @@ def random_tree(rng: np.random.Generator, n_nodes: int, n_pad: int) -> RandomTre
 @pytest.fixture
 def make_random_tree() -> Callable[[np.random.Generator, int, int], RandomTree]:
     return random_tree
+
+
+# --- a real floe Flight server -------------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class FloeServer:
+    """A running ``floe corpus-serve``: steps formed from the synthetic corpus."""
+
+    location: str
+    steps: int
+    token: str | None
+    groups_path: Path
+    proc: subprocess.Popen[str]
+
+    def groups(self) -> list[dict]:  # type: ignore[type-arg]
+        """The corpus the steps were formed from, as ``floe corpus-serve -dump-groups`` wrote it."""
+        return json.loads(self.groups_path.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def floe_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The floe binary: $FLOE_BIN, or built from this checkout once per test session."""
+    if env := os.environ.get("FLOE_BIN"):
+        return Path(env)
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("the Flight tests need Go to build floe (or FLOE_BIN pointing at a floe binary)")
+    out = tmp_path_factory.mktemp("bin") / "floe"
+    subprocess.run([go, "build", "-o", str(out), "./cmd/floe"], cwd=REPO, check=True)
+    return out
+
+
+@pytest.fixture
+def floe_server(floe_bin: Path, tmp_path: Path) -> Iterator[Callable[..., FloeServer]]:
+    """Factory: ``floe_server(strategy="tree", dp_size=2, ...)`` starts ``floe corpus-serve``
+    on a free loopback port with those flags (underscores become dashes) and returns once it
+    serves. Every server started is stopped at the end of the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(**flags: object) -> FloeServer:
+        dump = tmp_path / f"groups-{len(procs)}.json"
+        args = [str(floe_bin), "corpus-serve", "-flight-addr", "127.0.0.1:0", "-dump-groups", str(dump)]
+        for k, v in flags.items():
+            args += [f"-{k.replace('_', '-')}", str(v)]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            _, err = proc.communicate(timeout=10)
+            raise RuntimeError(f"floe corpus-serve exited before serving: {err}")
+        ready = json.loads(line)
+        token = flags.get("flight_token")
+        return FloeServer(ready["flight"], ready["steps"], None if token is None else str(token), dump, proc)
+
+    yield start
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -45,6 +45,8 @@ class MicroBatchMeta:
     policy_version_min: int
     policy_version_max: int
     strategy: str
+    #: rows before padding (absent from older servers: ``None``)
+    rows: int | None = None
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> MicroBatchMeta:
@@ -69,6 +71,11 @@ class MicroBatchMeta:
                 want = "a string" if key == "strategy" else "an integer"
                 raise ValueError(f"floe metadata key {key!r} must be {want}, got {v!r}")
             values[key] = v
+        if "rows" in obj:  # optional: rows before padding
+            rows = obj["rows"]
+            if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+                raise ValueError(f"floe metadata key 'rows' must be a non-negative integer, got {rows!r}")
+            values["rows"] = rows
         return cls(**values)
 
     @classmethod
@@ -83,7 +90,10 @@ class MicroBatchMeta:
         return None
 
     def to_json(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in METADATA_FIELDS}, separators=(",", ":"))
+        obj: dict[str, Any] = {k: getattr(self, k) for k in METADATA_FIELDS}
+        if self.rows is not None:
+            obj["rows"] = self.rows
+        return json.dumps(obj, separators=(",", ":"))
 
     def to_metadata(self) -> dict[bytes, bytes]:
         """Key/value metadata carrying this object, for ``RecordBatch.from_arrays``."""

@@ -1,0 +1,391 @@
+package arrowflight
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Server is the Flight service over a Source. Zero values of the optional fields mean:
+// no authentication, the default Go allocator, slog.Default, waits bounded only by the
+// client's deadline and MaxWait.
+type Server struct {
+	Source  Source
+	Control Control
+	// Token, when set, is required as "authorization: Bearer <Token>" on every call.
+	Token string
+	Mem   memory.Allocator
+	Log   *slog.Logger
+	// MaxWait bounds how long a call waits for a step that is not READY when the client
+	// set no deadline (default 10 minutes), so that a forgotten client never hangs forever.
+	MaxWait time.Duration
+
+	flight.BaseFlightServer
+}
+
+// maxMessageBytes lets a single micro-batch of many millions of rows through gRPC.
+const maxMessageBytes = 1 << 30
+
+// Serve serves on lis until ctx is done, then stops gracefully.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	if s.Source == nil || s.Control == nil {
+		return errors.New("arrowflight: Server needs a Source and a Control")
+	}
+	if s.Mem == nil {
+		s.Mem = memory.NewGoAllocator()
+	}
+	if s.Log == nil {
+		s.Log = slog.Default()
+	}
+	if s.MaxWait <= 0 {
+		s.MaxWait = 10 * time.Minute
+	}
+	srv := flight.NewServerWithMiddleware(nil,
+		grpc.ChainUnaryInterceptor(s.authUnary),
+		grpc.ChainStreamInterceptor(s.authStream),
+		grpc.MaxSendMsgSize(maxMessageBytes),
+		grpc.MaxRecvMsgSize(maxMessageBytes),
+	)
+	srv.RegisterFlightService(s)
+	srv.InitListener(lis)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		srv.Shutdown()
+		<-done
+		return nil
+	}
+}
+
+// Listen opens addr: "host:port" for TCP, "unix:/path" for a Unix socket.
+func Listen(addr string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return net.Listen("unix", path)
+	}
+	return net.Listen("tcp", addr)
+}
+
+// Location is the URI a Flight client connects to for lis.
+func Location(lis net.Listener) string {
+	if lis.Addr().Network() == "unix" {
+		return "grpc+unix://" + lis.Addr().String()
+	}
+	return "grpc+tcp://" + lis.Addr().String()
+}
+
+func (s *Server) authorized(ctx context.Context) error {
+	if s.Token == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	want := "Bearer " + s.Token
+	for _, got := range md.Get("authorization") {
+		if subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1 {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, "floe: missing or wrong bearer token (send header authorization: Bearer <token>)")
+}
+
+func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := s.authorized(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := s.authorized(ss.Context()); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// waitContext bounds a wait by MaxWait when the client set no deadline.
+func (s *Server) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.MaxWait)
+}
+
+// step fetches step n (or the next one when n < 0), mapping the source's errors to
+// gRPC statuses a user can act on.
+func (s *Server) step(ctx context.Context, n int64) (Step, error) {
+	wctx, cancel := s.waitContext(ctx)
+	defer cancel()
+	var st Step
+	var err error
+	if n < 0 {
+		st, err = s.Source.Next(wctx)
+	} else {
+		st, err = s.Source.Step(wctx, n)
+	}
+	if err == nil {
+		return st, nil
+	}
+	what := "the next step"
+	if n >= 0 {
+		what = fmt.Sprintf("step %d", n)
+	}
+	return nil, s.statusOf(err, what)
+}
+
+func (s *Server) statusOf(err error, what string) error {
+	status := func() string {
+		b, _ := json.Marshal(s.Source.Status())
+		return string(b)
+	}
+	switch {
+	case errors.Is(err, ErrCommitted):
+		return grpcError(codes.FailedPrecondition, "%v", err)
+	case errors.Is(err, ErrNoSuchStep):
+		return grpcError(codes.NotFound, "%v", err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return grpcError(codes.DeadlineExceeded, "%s is not READY yet (status %s)", what, status())
+	case errors.Is(err, context.Canceled):
+		return grpcError(codes.Canceled, "waiting for %s: %v", what, err)
+	default:
+		return grpcError(codes.Internal, "%s: %v", what, err)
+	}
+}
+
+func grpcError(code codes.Code, format string, args ...any) error {
+	return status.Errorf(code, "floe: "+format, args...)
+}
+
+// infoMeta is the FlightInfo app_metadata: what a trainer needs before fetching.
+func (s *Server) flightInfo(st Step, desc *flight.FlightDescriptor) *flight.FlightInfo {
+	n := st.Number()
+	var endpoints []*flight.FlightEndpoint
+	var total int64
+	for r := 0; r < st.NumRanks(); r++ {
+		t, _ := json.Marshal(rankTicket{Step: &n, Rank: &r})
+		endpoints = append(endpoints, &flight.FlightEndpoint{Ticket: &flight.Ticket{Ticket: t}})
+		total += int64(st.NumMicroBatches(r))
+	}
+	t, _ := json.Marshal(rankTicket{Step: &n, Kind: "samples"})
+	endpoints = append(endpoints, &flight.FlightEndpoint{Ticket: &flight.Ticket{Ticket: t}})
+	return &flight.FlightInfo{
+		Schema:           flight.SerializeSchema(st.Schema(), s.Mem),
+		FlightDescriptor: desc,
+		Endpoint:         endpoints,
+		TotalRecords:     total,
+		TotalBytes:       -1,
+		AppMetadata:      st.Info(),
+	}
+}
+
+// GetFlightInfo resolves ["step", "<n>"] or ["next"] to the step's endpoints.
+func (s *Server) GetFlightInfo(ctx context.Context, desc *flight.FlightDescriptor) (*flight.FlightInfo, error) {
+	if desc.GetType() != flight.DescriptorPATH {
+		return nil, grpcError(codes.InvalidArgument, `descriptor must be a path: ["step", "<n>"] or ["next"]`)
+	}
+	n := int64(-1)
+	switch p := desc.GetPath(); {
+	case len(p) == 1 && p[0] == "next":
+	case len(p) == 2 && p[0] == "step":
+		v, err := strconv.ParseInt(p[1], 10, 64)
+		if err != nil || v < 0 {
+			return nil, grpcError(codes.InvalidArgument, "step %q in descriptor path is not a non-negative integer", p[1])
+		}
+		n = v
+	default:
+		return nil, grpcError(codes.InvalidArgument, `descriptor path %q: want ["step", "<n>"] or ["next"]`, p)
+	}
+	st, err := s.step(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return s.flightInfo(st, desc), nil
+}
+
+// rankTicket is the JSON of a DoGet ticket.
+type rankTicket struct {
+	Step *int64 `json:"step"`
+	Rank *int   `json:"rank,omitempty"`
+	Kind string `json:"kind,omitempty"`
+}
+
+func parseTicket(raw []byte) (rankTicket, error) {
+	var t rankTicket
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&t); err != nil {
+		return t, grpcError(codes.InvalidArgument, `ticket %q is not JSON like {"step": 3, "rank": 0} or {"step": 3, "kind": "samples"}: %v`, raw, err)
+	}
+	switch {
+	case t.Step == nil || *t.Step < 0:
+		return t, grpcError(codes.InvalidArgument, `ticket %q: "step" must be a non-negative integer`, raw)
+	case t.Kind != "" && t.Kind != "samples":
+		return t, grpcError(codes.InvalidArgument, `ticket %q: unknown kind %q (want "samples" or a "rank")`, raw, t.Kind)
+	case t.Kind == "" && t.Rank == nil:
+		return t, grpcError(codes.InvalidArgument, `ticket %q: needs a "rank" or "kind": "samples"`, raw)
+	}
+	return t, nil
+}
+
+// DoGet streams one rank's micro-batches of a step, or the step's sample table.
+func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServer) error {
+	t, err := parseTicket(tkt.GetTicket())
+	if err != nil {
+		return err
+	}
+	ctx := stream.Context()
+	st, err := s.step(ctx, *t.Step)
+	if err != nil {
+		return err
+	}
+	if t.Kind == "samples" {
+		rec, err := st.Samples(s.Mem)
+		if err != nil {
+			return grpcError(codes.Internal, "step %d sample table: %v", st.Number(), err)
+		}
+		defer rec.Release()
+		w := flight.NewRecordWriter(stream, ipc.WithSchema(rec.Schema()), ipc.WithAllocator(s.Mem))
+		defer w.Close()
+		return w.Write(rec)
+	}
+	rank := *t.Rank
+	if rank < 0 || rank >= st.NumRanks() {
+		return grpcError(codes.InvalidArgument, "rank %d out of range: step %d has %d ranks (0..%d)", rank, st.Number(), st.NumRanks(), st.NumRanks()-1)
+	}
+	w := flight.NewRecordWriter(stream, ipc.WithSchema(st.Schema()), ipc.WithAllocator(s.Mem))
+	defer w.Close()
+	for i := 0; i < st.NumMicroBatches(rank); i++ {
+		if err := ctx.Err(); err != nil {
+			return status.FromContextError(err).Err()
+		}
+		rec, meta, err := st.MicroBatch(s.Mem, rank, i)
+		if err != nil {
+			return grpcError(codes.Internal, "step %d rank %d micro-batch %d: %v", st.Number(), rank, i, err)
+		}
+		err = w.WriteWithAppMetadata(rec, meta)
+		rec.Release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// actions lists the DoAction types with their descriptions.
+var actions = []*flight.ActionType{
+	{Type: "commit", Description: `{"step": n}: the step is consumed; exactly once, never served again`},
+	{Type: "report", Description: `{"step", "rank", "peak_memory_bytes", "step_seconds", "wait_seconds"}: a rank finished a step`},
+	{Type: "pause", Description: `{}: stop new rollout calls and wait for those in flight (weight sync)`},
+	{Type: "resume", Description: `{"policy_version": v}: release paused calls under policy version v`},
+	{Type: "status", Description: `{}: READY steps, commits, pause state, policy version`},
+}
+
+func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListActionsServer) error {
+	for _, a := range actions {
+		if err := stream.Send(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DoAction runs one control action and answers with one JSON result.
+func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoActionServer) error {
+	ctx := stream.Context()
+	body := a.GetBody()
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
+	var result any
+	switch a.GetType() {
+	case "commit":
+		var req struct {
+			Step *int64 `json:"step"`
+		}
+		if err := decodeBody(a.GetType(), body, &req); err != nil {
+			return err
+		}
+		if req.Step == nil {
+			return grpcError(codes.InvalidArgument, `commit %s: needs "step"`, body)
+		}
+		if err := s.Source.Commit(*req.Step); err != nil {
+			if errors.Is(err, ErrCommitted) {
+				return grpcError(codes.FailedPrecondition, "%v", err)
+			}
+			return grpcError(codes.FailedPrecondition, "commit: %v", err)
+		}
+		s.Log.Info("step committed", "step", *req.Step)
+		result = map[string]any{"step": *req.Step, "committed": true}
+	case "report":
+		var r Report
+		if err := decodeBody(a.GetType(), body, &r); err != nil {
+			return err
+		}
+		if err := s.Control.Report(r); err != nil {
+			return grpcError(codes.InvalidArgument, "report: %v", err)
+		}
+		result = map[string]any{"ok": true}
+	case "pause":
+		v, err := s.Control.Pause(ctx)
+		if err != nil {
+			return grpcError(codes.Internal, "pause: %v", err)
+		}
+		result = map[string]any{"paused": true, "policy_version": v}
+	case "resume":
+		var req struct {
+			PolicyVersion *int64 `json:"policy_version"`
+		}
+		if err := decodeBody(a.GetType(), body, &req); err != nil {
+			return err
+		}
+		if req.PolicyVersion == nil {
+			return grpcError(codes.InvalidArgument, `resume %s: needs "policy_version"`, body)
+		}
+		if err := s.Control.Resume(ctx, *req.PolicyVersion); err != nil {
+			return grpcError(codes.FailedPrecondition, "resume: %v", err)
+		}
+		result = map[string]any{"paused": false, "policy_version": *req.PolicyVersion}
+	case "status":
+		st := map[string]any{"paused": s.Control.Paused(), "policy_version": s.Control.PolicyVersion()}
+		if b, err := json.Marshal(s.Source.Status()); err == nil {
+			_ = json.Unmarshal(b, &st)
+		}
+		result = st
+	default:
+		names := make([]string, len(actions))
+		for i, x := range actions {
+			names[i] = x.Type
+		}
+		return grpcError(codes.InvalidArgument, "unknown action %q (actions: %s)", a.GetType(), strings.Join(names, ", "))
+	}
+	out, err := json.Marshal(result)
+	if err != nil {
+		return grpcError(codes.Internal, "%s: encoding the result: %v", a.GetType(), err)
+	}
+	return stream.Send(&flight.Result{Body: out})
+}
+
+func decodeBody(action string, body []byte, v any) error {
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return grpcError(codes.InvalidArgument, "%s: body %q is not the expected JSON: %v", action, body, err)
+	}
+	return nil
+}

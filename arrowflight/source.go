@@ -1,0 +1,72 @@
+// Package arrowflight serves formed training steps to the trainer over Arrow Flight. It
+// knows steps only through the small Step and Source interfaces below, so it depends on
+// neither the batcher nor the sidecar that wires them together. The protocol — tickets,
+// actions, metadata and error codes — is docs/flight.md.
+package arrowflight
+
+import (
+	"context"
+	"errors"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// Step is one formed, READY training step.
+type Step interface {
+	Number() int64
+	NumRanks() int
+	NumMicroBatches(rank int) int
+	// MicroBatch encodes micro-batch i of rank and returns it with its metadata as JSON.
+	// The caller releases the record.
+	MicroBatch(mem memory.Allocator, rank, i int) (arrow.RecordBatch, []byte, error)
+	// Samples encodes the step's sample table. The caller releases the record.
+	Samples(mem memory.Allocator) (arrow.RecordBatch, error)
+	Schema() *arrow.Schema // of every micro-batch
+	// Info is the JSON object sent as FlightInfo app_metadata.
+	Info() []byte
+}
+
+// Errors a Source returns; the server maps them to gRPC codes.
+var (
+	// ErrCommitted: the step was committed and is never served again.
+	ErrCommitted = errors.New("step was committed")
+	// ErrNoSuchStep: the step does not exist and never will (the source is finished).
+	ErrNoSuchStep = errors.New("no such step")
+)
+
+// Source is the READY buffer as the Flight service sees it.
+type Source interface {
+	// Step returns step n once it is READY, waiting until then or until ctx is done (then
+	// it returns ctx's error). It returns an error wrapping ErrCommitted for a committed
+	// step and ErrNoSuchStep for a step that will never be formed.
+	Step(ctx context.Context, n int64) (Step, error)
+	// Next returns the oldest uncommitted step, waiting like Step.
+	Next(ctx context.Context) (Step, error)
+	// Commit marks step n consumed, exactly once: a second commit returns an error
+	// wrapping ErrCommitted; a step not READY yet cannot be committed.
+	Commit(n int64) error
+	// Status is a JSON-encodable snapshot for the status action.
+	Status() any
+}
+
+// Report is what a trainer rank says about a step it finished.
+type Report struct {
+	Step            int64   `json:"step"`
+	Rank            int     `json:"rank"`
+	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
+	StepSeconds     float64 `json:"step_seconds"`
+	WaitSeconds     float64 `json:"wait_seconds"`
+}
+
+// Control receives the trainer's control actions: weight-sync pause/resume and reports.
+type Control interface {
+	// Pause stops new rollout calls and waits for those in flight; it returns the current
+	// policy version.
+	Pause(ctx context.Context) (int64, error)
+	// Resume releases paused calls under a new policy version.
+	Resume(ctx context.Context, policyVersion int64) error
+	Report(r Report) error
+	Paused() bool
+	PolicyVersion() int64
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/sourcegraph/conc/pool"
+
+	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/sidecar"
+	"github.com/floe-rl/floe/trace"
+)
+
+// runCorpusServe forms steps from the synthetic corpus and serves them over Flight: the
+// trainer side of floe without harnesses or an inference server, for developing a trainer
+// against floe, for the bridge's tests and for benchmarks.
+func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("floe corpus-serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: floe corpus-serve [flags]\n\nForms steps from the synthetic agent-trace corpus and serves them over Arrow Flight\n(docs/flight.md). Prints {\"flight\": location, \"steps\": n} on stdout once serving.\n\n")
+		fs.PrintDefaults()
+	}
+	def := batcher.DefaultConfig()
+	kind := fs.String("corpus", "small", "corpus size: small (tests) or default (benchmark)")
+	groups := fs.Int("groups", 0, "GRPO groups (0: the corpus's own count)")
+	seed := fs.Int64("seed", 1, "corpus seed")
+	fold := fs.Int("fold-vocab", 0, "map every token id to id % N, for tiny test models (0: off)")
+	strategy := fs.String("strategy", string(def.Strategy), "per_request, prefix_merging or tree")
+	adv := fs.String("advantage", string(def.Advantage), "grpo, dr_grpo or rloo")
+	perStep := fs.Int("groups-per-step", 2, "groups per step")
+	dp := fs.Int("dp-size", 1, "data-parallel ranks")
+	budget := fs.Int("token-budget", def.TokenBudget, "rows per micro-batch, padding included")
+	pad := fs.Int("pad-multiple", def.PadMultiple, "pad each micro-batch to a multiple of this many rows")
+	ahead := fs.Int("steps-ahead", 2, "most uncommitted steps formed ahead of the trainer")
+	addr := fs.String("flight-addr", "127.0.0.1:8815", "Flight listen address; port 0 picks one; unix:/path for a Unix socket")
+	token := fs.String("flight-token", "", "require this bearer token on every Flight call")
+	dump := fs.String("dump-groups", "", "write the corpus as JSON to this file (for equivalence tests)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	var ccfg corpus.Config
+	switch *kind {
+	case "small":
+		ccfg = corpus.Small()
+	case "default":
+		ccfg = corpus.Default()
+	default:
+		return fmt.Errorf("unknown corpus %q (want small or default)", *kind)
+	}
+	if *groups > 0 {
+		ccfg.Groups = *groups
+	}
+	cfg := def
+	var err error
+	if cfg.Strategy, err = batcher.ParseStrategy(*strategy); err != nil {
+		return err
+	}
+	if cfg.Advantage, err = batcher.ParseAdvantage(*adv); err != nil {
+		return err
+	}
+	cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize = *budget, *pad, *dp
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if *perStep < 1 || *fold < 0 {
+		return fmt.Errorf("groups-per-step must be at least 1 and fold-vocab not negative")
+	}
+	data, err := corpus.Generate(ccfg, *seed)
+	if err != nil {
+		return fmt.Errorf("corpus: %w", err)
+	}
+	if *fold > 0 {
+		foldVocab(data, int32(*fold))
+	}
+	if *dump != "" {
+		if err := dumpGroups(*dump, data, cfg.Advantage); err != nil {
+			return err
+		}
+	}
+	var steps [][]trace.Group
+	for i := 0; i < len(data); i += *perStep {
+		steps = append(steps, data[i:min(i+*perStep, len(data))])
+	}
+
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	lis, err := arrowflight.Listen(*addr)
+	if err != nil {
+		return fmt.Errorf("flight listen: %w", err)
+	}
+	ready := sidecar.NewReady(*ahead, 0)
+	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log}, Token: *token, Log: log}
+	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
+	fmt.Fprintln(stdout, string(hello))
+	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Strategy)
+
+	p := pool.New().WithContext(ctx).WithCancelOnError()
+	p.Go(func(ctx context.Context) error { return sidecar.FormSteps(ctx, ready, steps, cfg, log) })
+	p.Go(func(ctx context.Context) error { return srv.Serve(ctx, lis) })
+	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func foldVocab(groups []trace.Group, n int32) {
+	for gi := range groups {
+		for si := range groups[gi].Sessions {
+			for ci := range groups[gi].Sessions[si].Calls {
+				c := &groups[gi].Sessions[si].Calls[ci]
+				for i := range c.PromptIDs {
+					c.PromptIDs[i] %= n
+				}
+				for i := range c.ResponseIDs {
+					c.ResponseIDs[i] %= n
+				}
+			}
+		}
+	}
+}
+
+// dumpGroups writes the corpus with each session's advantage as the batcher computes it.
+func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error {
+	type callJSON struct {
+		Index         int       `json:"index"`
+		Choice        int       `json:"choice"`
+		PromptIDs     []int32   `json:"prompt_ids"`
+		ResponseIDs   []int32   `json:"response_ids"`
+		Logprobs      []float32 `json:"logprobs"`
+		Trainable     bool      `json:"trainable"`
+		PolicyVersion int64     `json:"policy_version"`
+	}
+	type sessionJSON struct {
+		ID        string     `json:"id"`
+		Reward    float64    `json:"reward"`
+		Status    string     `json:"status"`
+		Advantage float32    `json:"advantage"`
+		Calls     []callJSON `json:"calls"`
+	}
+	type groupJSON struct {
+		ID       string        `json:"id"`
+		TaskID   string        `json:"task_id"`
+		Sessions []sessionJSON `json:"sessions"`
+	}
+	out := make([]groupJSON, 0, len(groups))
+	for _, g := range groups {
+		rewards := make([]float64, len(g.Sessions))
+		for i, s := range g.Sessions {
+			rewards[i] = s.Reward
+		}
+		advs := batcher.Advantages(kind, rewards)
+		gj := groupJSON{ID: g.ID, TaskID: g.TaskID}
+		for i, s := range g.Sessions {
+			sj := sessionJSON{ID: s.ID, Reward: s.Reward, Status: string(s.Status), Advantage: float32(advs[i]), Calls: []callJSON{}}
+			for _, c := range s.Calls {
+				sj.Calls = append(sj.Calls, callJSON{Index: c.Index, Choice: c.Choice, PromptIDs: c.PromptIDs,
+					ResponseIDs: c.ResponseIDs, Logprobs: c.Logprobs, Trainable: c.Trainable, PolicyVersion: c.PolicyVersion})
+			}
+			gj.Sessions = append(gj.Sessions, sj)
+		}
+		out = append(out, gj)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return fmt.Errorf("dump groups: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("dump groups: %w", err)
+	}
+	return nil
+}

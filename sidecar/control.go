@@ -1,0 +1,88 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/floe-rl/floe/arrowflight"
+)
+
+// TrainerControl holds the trainer-facing control state: whether rollouts are paused for
+// a weight sync, the current policy version, and each rank's last report. The proxy will
+// consult it before every upstream call.
+type TrainerControl struct {
+	Log *slog.Logger
+
+	mu      sync.Mutex
+	paused  bool
+	version int64
+	reports map[int]arrowflight.Report
+}
+
+var _ arrowflight.Control = (*TrainerControl)(nil)
+
+func (c *TrainerControl) Pause(context.Context) (int64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused = true
+	c.logger().Info("rollouts paused", "policy_version", c.version)
+	return c.version, nil
+}
+
+func (c *TrainerControl) Resume(_ context.Context, v int64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v < c.version {
+		return fmt.Errorf("policy version %d is older than the current %d", v, c.version)
+	}
+	c.paused, c.version = false, v
+	c.logger().Info("rollouts resumed", "policy_version", v)
+	return nil
+}
+
+func (c *TrainerControl) Report(r arrowflight.Report) error {
+	if r.Rank < 0 || r.Step < 0 || r.StepSeconds < 0 || r.WaitSeconds < 0 || r.PeakMemoryBytes < 0 {
+		return fmt.Errorf("report %+v has a negative field", r)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reports == nil {
+		c.reports = map[int]arrowflight.Report{}
+	}
+	c.reports[r.Rank] = r
+	c.logger().Info("trainer report", "step", r.Step, "rank", r.Rank, "step_seconds", r.StepSeconds,
+		"wait_seconds", r.WaitSeconds, "peak_memory_bytes", r.PeakMemoryBytes)
+	return nil
+}
+
+// Reports returns each rank's last report.
+func (c *TrainerControl) Reports() map[int]arrowflight.Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[int]arrowflight.Report, len(c.reports))
+	for k, v := range c.reports {
+		out[k] = v
+	}
+	return out
+}
+
+func (c *TrainerControl) Paused() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.paused
+}
+
+func (c *TrainerControl) PolicyVersion() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.version
+}
+
+func (c *TrainerControl) logger() *slog.Logger {
+	if c.Log == nil {
+		return slog.Default()
+	}
+	return c.Log
+}

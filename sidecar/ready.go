@@ -1,0 +1,174 @@
+// Package sidecar is floe's composition root: it wires the batcher, the Flight service and
+// (as they land) the proxy, the trace store and the GPU monitor into one process, and owns
+// what none of them should: the clock, the READY buffer of formed steps, lifecycle.
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/floe-rl/floe/arrowflight"
+)
+
+// Ready is the READY buffer: formed steps waiting for the trainer, at most Ahead of them
+// uncommitted. The producer blocks in Put while it is full (backpressure: nothing is
+// dropped); the trainer takes steps by number and commits each exactly once.
+type Ready struct {
+	ahead int
+
+	mu        sync.Mutex
+	changed   chan struct{} // closed and replaced on every change, to wake waiters
+	steps     map[int64]arrowflight.Step
+	committed map[int64]bool
+	next      int64 // number of the next step Put accepts
+	closed    bool
+}
+
+var _ arrowflight.Source = (*Ready)(nil)
+
+// NewReady returns an empty buffer of at most ahead uncommitted steps, whose first step
+// will be number first.
+func NewReady(ahead int, first int64) *Ready {
+	return &Ready{
+		ahead: max(ahead, 1), changed: make(chan struct{}), next: first,
+		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{},
+	}
+}
+
+func (r *Ready) notify() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// NextNumber is the number the next formed step must carry.
+func (r *Ready) NextNumber() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.next
+}
+
+// Put adds the next step, waiting while the buffer is full.
+func (r *Ready) Put(ctx context.Context, st arrowflight.Step) error {
+	for {
+		r.mu.Lock()
+		switch {
+		case r.closed:
+			r.mu.Unlock()
+			return fmt.Errorf("READY buffer: put step %d after close", st.Number())
+		case st.Number() != r.next:
+			n := r.next
+			r.mu.Unlock()
+			return fmt.Errorf("READY buffer: put step %d, want step %d", st.Number(), n)
+		case len(r.steps) < r.ahead:
+			r.steps[st.Number()] = st
+			r.next++
+			r.notify()
+			r.mu.Unlock()
+			return nil
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("READY buffer: waiting for room for step %d: %w", st.Number(), ctx.Err())
+		}
+	}
+}
+
+// Close says no more steps will come: waiters for later steps get ErrNoSuchStep.
+func (r *Ready) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	r.notify()
+}
+
+// Step returns step n once READY.
+func (r *Ready) Step(ctx context.Context, n int64) (arrowflight.Step, error) {
+	return r.wait(ctx, func() (arrowflight.Step, error) {
+		if r.committed[n] {
+			return nil, fmt.Errorf("step %d: %w", n, arrowflight.ErrCommitted)
+		}
+		if st, ok := r.steps[n]; ok {
+			return st, nil
+		}
+		if r.closed && n >= r.next {
+			return nil, fmt.Errorf("step %d: %w: steps end at %d", n, arrowflight.ErrNoSuchStep, r.next-1)
+		}
+		return nil, nil
+	})
+}
+
+// Next returns the oldest uncommitted step once READY.
+func (r *Ready) Next(ctx context.Context) (arrowflight.Step, error) {
+	return r.wait(ctx, func() (arrowflight.Step, error) {
+		if len(r.steps) > 0 {
+			return r.steps[slices.Min(r.readyLocked())], nil
+		}
+		if r.closed {
+			return nil, fmt.Errorf("next step: %w: every step up to %d was committed", arrowflight.ErrNoSuchStep, r.next-1)
+		}
+		return nil, nil
+	})
+}
+
+// wait calls try under the lock until it returns a step or an error, or ctx ends.
+func (r *Ready) wait(ctx context.Context, try func() (arrowflight.Step, error)) (arrowflight.Step, error) {
+	for {
+		r.mu.Lock()
+		st, err := try()
+		ch := r.changed
+		r.mu.Unlock()
+		if st != nil || err != nil {
+			return st, err
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Commit consumes step n.
+func (r *Ready) Commit(n int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.committed[n] {
+		return fmt.Errorf("step %d is already committed: %w", n, arrowflight.ErrCommitted)
+	}
+	if _, ok := r.steps[n]; !ok {
+		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
+	}
+	delete(r.steps, n)
+	r.committed[n] = true
+	r.notify()
+	return nil
+}
+
+func (r *Ready) readyLocked() []int64 {
+	ready := make([]int64, 0, len(r.steps))
+	for n := range r.steps {
+		ready = append(ready, n)
+	}
+	slices.Sort(ready)
+	return ready
+}
+
+// ReadyStatus is the buffer's part of the status action.
+type ReadyStatus struct {
+	Ready      []int64 `json:"ready"`
+	NextStep   int64   `json:"next_step"` // number the next formed step will carry
+	Committed  int     `json:"committed"`
+	StepsAhead int     `json:"steps_ahead"`
+	Closed     bool    `json:"closed"`
+}
+
+func (r *Ready) Status() any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return ReadyStatus{Ready: r.readyLocked(), NextStep: r.next, Committed: len(r.committed), StepsAhead: r.ahead, Closed: r.closed}
+}
