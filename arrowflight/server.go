@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/flight"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,6 +59,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.ChainStreamInterceptor(s.authStream),
 		grpc.MaxSendMsgSize(maxMessageBytes),
 		grpc.MaxRecvMsgSize(maxMessageBytes),
+		grpc.ForceServerCodecV2(newCodec()),
 	)
 	srv.RegisterFlightService(s)
 	srv.InitListener(lis)
@@ -260,16 +260,17 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 			return grpcError(codes.Internal, "step %d sample table: %v", st.Number(), err)
 		}
 		defer rec.Release()
-		w := flight.NewRecordWriter(stream, ipc.WithSchema(rec.Schema()), ipc.WithAllocator(s.Mem))
-		defer w.Close()
-		return w.Write(rec)
+		w := &streamWriter{stream: stream, mem: s.Mem, schema: rec.Schema()}
+		return w.write(rec, nil)
 	}
 	rank := *t.Rank
 	if rank < 0 || rank >= st.NumRanks() {
 		return grpcError(codes.InvalidArgument, "rank %d out of range: step %d has %d ranks (0..%d)", rank, st.Number(), st.NumRanks(), st.NumRanks()-1)
 	}
-	w := flight.NewRecordWriter(stream, ipc.WithSchema(st.Schema()), ipc.WithAllocator(s.Mem))
-	defer w.Close()
+	w := &streamWriter{stream: stream, mem: s.Mem, schema: st.Schema()}
+	if err := w.start(); err != nil {
+		return err
+	}
 	for i := 0; i < st.NumMicroBatches(rank); i++ {
 		if err := ctx.Err(); err != nil {
 			return status.FromContextError(err).Err()
@@ -278,7 +279,7 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		if err != nil {
 			return grpcError(codes.Internal, "step %d rank %d micro-batch %d: %v", st.Number(), rank, i, err)
 		}
-		err = w.WriteWithAppMetadata(rec, meta)
+		err = w.write(rec, meta)
 		rec.Release()
 		if err != nil {
 			return err
