@@ -4,6 +4,7 @@
 #   make lint    gofmt check + go vet
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
+#   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    floe bench
 
@@ -18,7 +19,7 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py go-deps venv bench bench-report lint fuzz clean
+.PHONY: all demo test test-go test-py go-deps venv bench bench-report bench-flight lint fuzz clean
 
 all: test
 
@@ -66,6 +67,10 @@ bench:
 # Regenerates the committed packing report and the corpus statistics beside the generator.
 bench-report:
 	$(GO) run ./cmd/floe bench -out benchmarks/results/packing/REPORT.md -corpus-stats benchmarks/corpus/STATS.md
+
+# Flight delivery Go server -> pyarrow client, TCP and Unix socket, beside a memory copy.
+bench-flight: venv
+	$(VPY) benchmarks/flight_bench.py --out benchmarks/results/flight/REPORT.md
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/

@@ -119,12 +119,16 @@ func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 	return h(srv, ss)
 }
 
-// waitContext bounds a wait by MaxWait when the client set no deadline.
+// waitContext bounds a wait by MaxWait when the client set no deadline, and otherwise
+// ends it a little before the client's deadline, so that the client receives floe's
+// "not READY" answer (which names the READY steps) rather than its own bare timeout.
 func (s *Server) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithTimeout(ctx, s.MaxWait)
 	}
-	return context.WithTimeout(ctx, s.MaxWait)
+	margin := min(50*time.Millisecond, time.Until(d)/10)
+	return context.WithDeadline(ctx, d.Add(-margin))
 }
 
 // step fetches step n (or the next one when n < 0), mapping the source's errors to

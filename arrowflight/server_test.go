@@ -223,7 +223,7 @@ func TestCommitExactlyOnce(t *testing.T) {
 	}
 	wantCode(t, commit(0), codes.FailedPrecondition, "step 0 is already committed")
 	_, _, err := readAll(ctx, f.client, ticket(0, 0))
-	wantCode(t, err, codes.FailedPrecondition, "step 0: step was committed")
+	wantCode(t, err, codes.FailedPrecondition, "step 0 was committed")
 	wantCode(t, commit(1), codes.FailedPrecondition, "step 1 is not READY")
 }
 

@@ -22,7 +22,9 @@ type Ready struct {
 	changed   chan struct{} // closed and replaced on every change, to wake waiters
 	steps     map[int64]arrowflight.Step
 	committed map[int64]bool
+	first     int64 // number of the first step this buffer holds
 	next      int64 // number of the next step Put accepts
+	end       int64 // no step at or past end will be formed; -1 while unknown
 	closed    bool
 }
 
@@ -32,7 +34,7 @@ var _ arrowflight.Source = (*Ready)(nil)
 // will be number first.
 func NewReady(ahead int, first int64) *Ready {
 	return &Ready{
-		ahead: max(ahead, 1), changed: make(chan struct{}), next: first,
+		ahead: max(ahead, 1), changed: make(chan struct{}), first: first, next: first, end: -1,
 		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{},
 	}
 }
@@ -57,6 +59,9 @@ func (r *Ready) Put(ctx context.Context, st arrowflight.Step) error {
 		case r.closed:
 			r.mu.Unlock()
 			return fmt.Errorf("READY buffer: put step %d after close", st.Number())
+		case r.end >= 0 && st.Number() >= r.end:
+			r.mu.Unlock()
+			return fmt.Errorf("READY buffer: put step %d past the declared end %d", st.Number(), r.end)
 		case st.Number() != r.next:
 			n := r.next
 			r.mu.Unlock()
@@ -83,6 +88,16 @@ func (r *Ready) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true
+	r.end = r.next
+	r.notify()
+}
+
+// EndAt says no step numbered end or later will be formed, so requests for them fail at
+// once instead of waiting; a source that knows its length calls it up front.
+func (r *Ready) EndAt(end int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.end = end
 	r.notify()
 }
 
@@ -90,13 +105,16 @@ func (r *Ready) Close() {
 func (r *Ready) Step(ctx context.Context, n int64) (arrowflight.Step, error) {
 	return r.wait(ctx, func() (arrowflight.Step, error) {
 		if r.committed[n] {
-			return nil, fmt.Errorf("step %d: %w", n, arrowflight.ErrCommitted)
+			return nil, fmt.Errorf("step %d was committed: %w", n, arrowflight.ErrCommitted)
 		}
 		if st, ok := r.steps[n]; ok {
 			return st, nil
 		}
-		if r.closed && n >= r.next {
-			return nil, fmt.Errorf("step %d: %w: steps end at %d", n, arrowflight.ErrNoSuchStep, r.next-1)
+		if n < r.first {
+			return nil, fmt.Errorf("step %d: %w: steps start at %d", n, arrowflight.ErrNoSuchStep, r.first)
+		}
+		if r.end >= 0 && n >= r.end {
+			return nil, fmt.Errorf("step %d: %w: steps end at %d", n, arrowflight.ErrNoSuchStep, r.end-1)
 		}
 		return nil, nil
 	})

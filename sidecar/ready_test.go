@@ -93,6 +93,9 @@ func TestReadyWaitsAndCloses(t *testing.T) {
 	if st := <-got; st == nil || st.Number() != 5 {
 		t.Fatalf("waiter got %v", st)
 	}
+	if _, err := r.Step(ctx, 4); !errors.Is(err, arrowflight.ErrNoSuchStep) {
+		t.Errorf("Step before the first: %v", err)
+	}
 	r.Close()
 	if _, err := r.Step(ctx, 6); !errors.Is(err, arrowflight.ErrNoSuchStep) {
 		t.Errorf("Step past the end: %v", err)

@@ -100,6 +100,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("flight listen: %w", err)
 	}
 	ready := sidecar.NewReady(*ahead, 0)
+	ready.EndAt(int64(len(steps)))
 	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log}, Token: *token, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))

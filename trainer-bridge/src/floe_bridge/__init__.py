@@ -8,6 +8,19 @@ from .batch import (
     validate_tree,
     visible_rows,
 )
+from .client import (
+    BadRequest,
+    FloeClient,
+    FloeError,
+    NotReady,
+    ProtocolError,
+    Step,
+    StepCommitted,
+    StepInfo,
+    StepNotFound,
+    Unauthenticated,
+    translate_error,
+)
 from .schema import (
     METADATA_FIELDS,
     METADATA_KEY,
@@ -28,6 +41,17 @@ __all__ = [
     "visible_rows",
     "context_rows",
     "validate_tree",
+    "FloeClient",
+    "StepInfo",
+    "Step",
+    "FloeError",
+    "StepCommitted",
+    "StepNotFound",
+    "NotReady",
+    "Unauthenticated",
+    "BadRequest",
+    "ProtocolError",
+    "translate_error",
 ]
 
 __version__ = "0.1.0"
