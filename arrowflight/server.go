@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/flight"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"google.golang.org/grpc"
@@ -275,21 +276,67 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 	if err := w.start(); err != nil {
 		return err
 	}
-	for i := 0; i < st.NumMicroBatches(rank); i++ {
-		if err := ctx.Err(); err != nil {
-			return status.FromContextError(err).Err()
+	// Encode the next micro-batch while the current one is being sent.
+	ctx, cancel := context.WithCancel(ctx)
+	batches := encodeAhead(ctx, st, s.Mem, rank)
+	defer func() {
+		cancel()
+		for b := range batches { // drain, so the encoder stops and nothing leaks
+			b.release()
 		}
-		rec, meta, err := st.MicroBatch(s.Mem, rank, i)
-		if err != nil {
-			return grpcError(codes.Internal, "step %d rank %d micro-batch %d: %v", st.Number(), rank, i, err)
+	}()
+	for b := range batches {
+		if b.err != nil {
+			return grpcError(codes.Internal, "step %d rank %d micro-batch %d: %v", st.Number(), rank, b.index, b.err)
 		}
-		err = w.write(rec, meta)
-		rec.Release()
+		err := w.write(b.rec, b.meta)
+		b.release()
 		if err != nil {
 			return err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
 	return nil
+}
+
+// encoded is one micro-batch from encodeAhead.
+type encoded struct {
+	index int
+	rec   arrow.RecordBatch
+	meta  []byte
+	err   error
+}
+
+func (e encoded) release() {
+	if e.rec != nil {
+		e.rec.Release()
+	}
+}
+
+// encodeAhead encodes rank's micro-batches in order on a goroutine of its own, at most
+// one ahead of the consumer. The channel closes after the last batch, after an error, or
+// once ctx is done; the consumer drains it to stop the goroutine.
+func encodeAhead(ctx context.Context, st Step, mem memory.Allocator, rank int) <-chan encoded {
+	out := make(chan encoded, 1)
+	go func() {
+		defer close(out)
+		for i := 0; i < st.NumMicroBatches(rank); i++ {
+			rec, meta, err := st.MicroBatch(mem, rank, i)
+			e := encoded{index: i, rec: rec, meta: meta, err: err}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				e.release()
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // actions lists the DoAction types with their descriptions.

@@ -76,6 +76,7 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 		if err := <-done; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
+		f.ready.Shutdown()
 		f.mem.AssertSize(t, 0)
 	})
 	return f
@@ -83,7 +84,11 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 
 func (f *fixture) put(t *testing.T, n int) {
 	t.Helper()
-	if err := f.ready.Put(context.Background(), sidecar.FlightStep(f.steps[n])); err != nil {
+	fs, err := sidecar.FlightStep(f.steps[n], f.mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.ready.Put(context.Background(), fs); err != nil {
 		t.Fatal(err)
 	}
 }

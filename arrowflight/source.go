@@ -25,6 +25,9 @@ type Step interface {
 	Schema() *arrow.Schema // of every micro-batch
 	// Info is the JSON object sent as FlightInfo app_metadata.
 	Info() []byte
+	// Release frees what the step keeps encoded ahead; the source calls it once the step
+	// is committed and will never be served again.
+	Release()
 }
 
 // Errors a Source returns; the server maps them to gRPC codes.

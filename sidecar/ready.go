@@ -92,6 +92,20 @@ func (r *Ready) Close() {
 	r.notify()
 }
 
+// Shutdown closes the buffer and releases every step it still holds; later requests
+// for them get ErrNoSuchStep. Call it once nothing serves from the buffer any more.
+func (r *Ready) Shutdown() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for n, st := range r.steps {
+		st.Release()
+		delete(r.steps, n)
+	}
+	r.closed = true
+	r.end = r.next
+	r.notify()
+}
+
 // EndAt says no step numbered end or later will be formed, so requests for them fail at
 // once instead of waiting; a source that knows its length calls it up front.
 func (r *Ready) EndAt(end int64) {
@@ -161,6 +175,7 @@ func (r *Ready) Commit(n int64) error {
 	if _, ok := r.steps[n]; !ok {
 		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
 	}
+	r.steps[n].Release()
 	delete(r.steps, n)
 	r.committed[n] = true
 	r.notify()

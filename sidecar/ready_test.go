@@ -21,6 +21,7 @@ func (fakeStep) NumRanks() int           { return 1 }
 func (fakeStep) NumMicroBatches(int) int { return 0 }
 func (fakeStep) Schema() *arrow.Schema   { return nil }
 func (fakeStep) Info() []byte            { return nil }
+func (fakeStep) Release()                {}
 func (fakeStep) Samples(memory.Allocator) (arrow.RecordBatch, error) {
 	return nil, nil
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/sourcegraph/conc/pool"
 
 	"github.com/floe-rl/floe/arrowflight"
@@ -89,9 +90,15 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 			return err
 		}
 	}
-	var steps [][]trace.Group
+	// Form every step before announcing the server, so that a corpus the budget cannot
+	// hold fails here with the batcher's error rather than as a missing step later.
+	var steps []*batcher.Step
 	for i := 0; i < len(data); i += *perStep {
-		steps = append(steps, data[i:min(i+*perStep, len(data))])
+		st, err := batcher.FormStep(int64(len(steps)), data[i:min(i+*perStep, len(data))], cfg)
+		if err != nil {
+			return err
+		}
+		steps = append(steps, st)
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
@@ -100,14 +107,16 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("flight listen: %w", err)
 	}
 	ready := sidecar.NewReady(*ahead, 0)
+	defer ready.Shutdown()
 	ready.EndAt(int64(len(steps)))
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log}, Token: *token, Log: log}
+	mem := memory.NewGoAllocator()
+	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log}, Token: *token, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Strategy)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
-	p.Go(func(ctx context.Context) error { return sidecar.FormSteps(ctx, ready, steps, cfg, log) })
+	p.Go(func(ctx context.Context) error { return sidecar.FeedSteps(ctx, ready, steps, mem, log) })
 	p.Go(func(ctx context.Context) error { return srv.Serve(ctx, lis) })
 	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) {
 		return err

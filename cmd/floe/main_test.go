@@ -59,3 +59,11 @@ func TestUsageErrors(t *testing.T) {
 		t.Errorf("floe version: exit %d, %q", code, stdout.String())
 	}
 }
+
+func TestCorpusServeFailsBeforeAnnouncingAnUnpackableCorpus(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"corpus-serve", "-token-budget", "512", "-pad-multiple", "16", "-flight-addr", "127.0.0.1:0"}, &stdout, &stderr)
+	if code != 1 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "longer than the token budget of 512 rows") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, nothing announced, the batcher's error", code, stdout.String(), stderr.String())
+	}
+}

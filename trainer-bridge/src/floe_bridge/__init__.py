@@ -1,4 +1,10 @@
-"""floe_bridge: the trainer side of floe (DESIGN.md, "Trainer side")."""
+"""floe_bridge: the trainer side of floe.
+
+This package needs only pyarrow and numpy: the Arrow schemas, the micro-batch view and the
+Flight client. The torch parts are submodules that import torch: ``floe_bridge.torch_ops``
+(tensors, tree masks, log-prob gather, GRPO loss) and ``floe_bridge.hf`` (scoring with a
+Hugging Face ``transformers`` causal LM).
+"""
 
 from .batch import (
     MicroBatch,

@@ -1,0 +1,321 @@
+"""Unit tests of floe_bridge.torch_ops on hand-made and random trees (CPU)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from floe_bridge import MicroBatch  # noqa: E402
+from floe_bridge.torch_ops import (  # noqa: E402
+    TreeBatch,
+    cu_seqlens,
+    dense_mask,
+    flex_block_mask,
+    gather_logprobs,
+    grpo_loss,
+    to_tensors,
+    tree_mask_mod,
+)
+
+from conftest import HAND, RandomTree, make_batch  # noqa: E402
+
+
+def naive_mask(end: list[int]) -> np.ndarray:
+    n = len(end)
+    m = np.zeros((n, n), dtype=bool)
+    for q in range(n):
+        for k in range(n):
+            m[q, k] = k <= q < end[k]
+    return m
+
+
+def chain_batch(lengths: list[int], pad: int = 0) -> dict[str, np.ndarray]:
+    """Plain causal sequences back to back (what prefix_merging emits), then padding."""
+    pos, end, pred = [], [], []
+    start = 0
+    for n in lengths:
+        pos += list(range(n))
+        end += [start + n] * n
+        pred += [-1] + list(range(start, start + n - 1))
+        start += n
+    for i in range(pad):
+        pos.append(0)
+        end.append(start + i + 1)
+        pred.append(-1)
+    n = len(pos)
+    return {
+        "input_ids": np.arange(n, dtype=np.int32) % 7,
+        "position_ids": np.asarray(pos, np.int32),
+        "subtree_end": np.asarray(end, np.int32),
+        "pred_idx": np.asarray(pred, np.int32),
+        "loss_mask": (np.asarray(pred) >= 0).astype(np.uint8),
+        "old_logprobs": np.zeros(n, np.float32),
+        "advantages": np.zeros(n, np.float32),
+        "sample_idx": np.full(n, -1, np.int32),
+    }
+
+
+# --- to_tensors ----------------------------------------------------------------------
+
+
+def test_to_tensors_dtypes_and_values(hand_batch: pa.RecordBatch) -> None:
+    mb = MicroBatch.from_record_batch(hand_batch)
+    tb = to_tensors(mb, "cpu")
+    assert isinstance(tb, TreeBatch)
+    for name in ("input_ids", "position_ids", "subtree_end", "pred_idx", "sample_idx"):
+        t = getattr(tb, name)
+        assert t.dtype == torch.int64, name
+        assert t.tolist() == list(HAND[name]), name
+    assert tb.loss_mask.dtype == torch.bool
+    assert tb.loss_mask.tolist() == [bool(v) for v in HAND["loss_mask"]]
+    assert tb.old_logprobs.dtype == torch.float32 and tb.advantages.dtype == torch.float32
+    assert tb.old_logprobs.tolist() == pytest.approx(list(HAND["old_logprobs"]))
+    assert tb.meta == mb.meta and tb.num_rows == 10
+    assert tb.loss_rows().tolist() == [4, 6, 7]
+    # the tensors own their memory: writing them leaves the Arrow buffers alone
+    tb.input_ids[0] = -5
+    assert int(mb.input_ids[0]) == 101
+
+
+# --- masks -----------------------------------------------------------------------------
+
+
+def test_dense_mask_hand_tree() -> None:
+    end = list(map(int, HAND["subtree_end"]))
+    got = dense_mask(torch.tensor(end))
+    assert got.dtype == torch.bool
+    np.testing.assert_array_equal(got.numpy(), naive_mask(end))
+    # branch B (rows 5-7) sees the shared prompt, not branch A (rows 3-4)
+    assert got[7].tolist() == [True, True, True, False, False, True, True, True, False, False]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dense_mask_random_trees(seed: int, make_random_tree: Callable[..., RandomTree]) -> None:
+    rng = np.random.default_rng(seed)
+    tree = make_random_tree(rng, int(rng.integers(1, 80)), int(rng.integers(0, 6)))
+    end = tree.columns["subtree_end"]
+    got = dense_mask(torch.from_numpy(end.astype(np.int64))).numpy()
+    np.testing.assert_array_equal(got, naive_mask(end.tolist()))
+    for q, anc in enumerate(tree.ancestors):
+        assert np.flatnonzero(got[q]).tolist() == anc + [q]
+
+
+def _block_tables(bm: object) -> dict[str, list[int]]:
+    keys = (
+        "kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices"
+    )
+    out = {}
+    for k in keys:
+        t = getattr(bm, k)
+        out[k] = None if t is None else t.to(torch.int64).flatten().tolist()
+    return out
+
+
+def _expand_block_mask(bm: object, n: int, end: torch.Tensor) -> np.ndarray:
+    """Token-level mask a BlockMask stands for: full blocks True, partial blocks through
+    the mask_mod, everything else False."""
+    bs_q, bs_kv = bm.BLOCK_SIZE  # type: ignore[attr-defined]
+    nb = bm.kv_num_blocks.shape[-1]  # type: ignore[attr-defined]
+    out = np.zeros((nb * bs_q, nb * bs_kv), bool)
+    mod = bm.mask_mod  # type: ignore[attr-defined]
+    q = torch.arange(nb * bs_q)[:, None]
+    kv = torch.arange(nb * bs_kv)[None, :]
+    exact = mod(torch.tensor(0), torch.tensor(0), q, kv).numpy()
+    for i in range(nb):
+        for kind, num, idx in (("partial", bm.kv_num_blocks, bm.kv_indices),  # type: ignore[attr-defined]
+                               ("full", bm.full_kv_num_blocks, bm.full_kv_indices)):  # type: ignore[attr-defined]
+            for j in idx[0, 0, i, : int(num[0, 0, i])].tolist():
+                sl = (slice(i * bs_q, (i + 1) * bs_q), slice(j * bs_kv, (j + 1) * bs_kv))
+                out[sl] = True if kind == "full" else exact[sl]
+    return out[:n, :n]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flex_block_mask_matches_create_block_mask_and_dense(
+    seed: int, make_random_tree: Callable[..., RandomTree]
+) -> None:
+    rng = np.random.default_rng(100 + seed)
+    tree = make_random_tree(rng, int(rng.integers(20, 200)), int(rng.integers(0, 20)))
+    end = torch.from_numpy(tree.columns["subtree_end"].astype(np.int64))
+    n = int(end.shape[0])
+    for bs in (16, 32):
+        ours = flex_block_mask(end, bs)
+        ref = flex_block_mask(end, bs, build="create_block_mask")  # torch's own, CPU
+        assert tuple(ours.shape) == (1, 1, n, n)
+        assert _block_tables(ours) == _block_tables(ref)
+        # and the tables + mask_mod reproduce the dense tree mask exactly
+        np.testing.assert_array_equal(_expand_block_mask(ours, n, end), dense_mask(end).numpy())
+
+
+def test_tree_mask_mod_on_all_pairs() -> None:
+    end = torch.tensor(list(map(int, HAND["subtree_end"])))
+    mod = tree_mask_mod(end)
+    n = end.shape[0]
+    got = mod(torch.tensor(0), torch.tensor(0), torch.arange(n)[:, None], torch.arange(n)[None, :])
+    assert torch.equal(got, dense_mask(end))
+
+
+def test_flex_attention_matches_sdpa(make_random_tree: Callable[..., RandomTree]) -> None:
+    """FlexAttention with our BlockMask vs SDPA with the dense mask on random q, k, v (GQA).
+    flex_attention runs on CPU in this torch (eager, unfused)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    rng = np.random.default_rng(7)
+    tree = make_random_tree(rng, 150, 10)
+    end = torch.from_numpy(tree.columns["subtree_end"].astype(np.int64))
+    n = int(end.shape[0])
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, n, 16, generator=g)
+    k = torch.randn(1, 2, n, 16, generator=g)
+    v = torch.randn(1, 2, n, 16, generator=g)
+    bm = flex_block_mask(end, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=dense_mask(end)[None, None]
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_cu_seqlens_chains_and_trees(make_random_tree: Callable[..., RandomTree]) -> None:
+    cols = chain_batch([5, 1, 3], pad=2)
+    got = cu_seqlens(torch.from_numpy(cols["subtree_end"]), torch.from_numpy(cols["position_ids"]))
+    assert got is not None and got.dtype == torch.int32
+    assert got.tolist() == [0, 5, 6, 9, 10, 11]
+    # a shared prompt with two branches is not a concatenation of chains
+    end = torch.tensor(list(map(int, HAND["subtree_end"])))
+    pos = torch.tensor(list(map(int, HAND["position_ids"])))
+    assert cu_seqlens(end, pos) is None
+    # a single chain whose subtree_end is not the sequence end (inconsistent) is rejected too
+    bad = torch.from_numpy(cols["subtree_end"]).clone()
+    bad[1] = 3
+    assert cu_seqlens(bad, torch.from_numpy(cols["position_ids"])) is None
+    # random trees with a branch are rejected
+    rng = np.random.default_rng(3)
+    tree = make_random_tree(rng, 60, 0)
+    if any(tree.columns["pred_idx"][i] not in (-1, i - 1) for i in range(60)):
+        assert cu_seqlens(
+            torch.from_numpy(tree.columns["subtree_end"]), torch.from_numpy(tree.columns["position_ids"])
+        ) is None
+    # and a chain batch's mask is the block-diagonal causal mask cu_seqlens describes
+    mask = dense_mask(torch.from_numpy(cols["subtree_end"]))
+    cu = got.tolist()
+    ref = torch.zeros_like(mask)
+    for a, b in zip(cu[:-1], cu[1:], strict=True):
+        ref[a:b, a:b] = torch.tril(torch.ones(b - a, b - a, dtype=torch.bool))
+    assert torch.equal(mask, ref)
+
+
+# --- log-probabilities -------------------------------------------------------------------
+
+
+def test_gather_logprobs_vs_naive(make_random_tree: Callable[..., RandomTree]) -> None:
+    rng = np.random.default_rng(11)
+    tree = make_random_tree(rng, 120, 5)
+    cols = tree.columns
+    n, v = len(cols["input_ids"]), 50
+    ids = torch.from_numpy(cols["input_ids"].astype(np.int64) % v)
+    pred = torch.from_numpy(cols["pred_idx"].astype(np.int64))
+    loss = torch.from_numpy(cols["loss_mask"].astype(bool))
+    logits = torch.randn(n, v, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    logits.requires_grad_(True)
+    logp, ent = gather_logprobs(logits, ids, pred, loss, entropy=True)
+    rows = [t for t in range(n) if loss[t]]
+    assert logp.shape == (len(rows),) and logp.dtype == torch.float32
+    naive = torch.stack([torch.log_softmax(logits[pred[t]], -1)[ids[t]] for t in rows]).float()
+    torch.testing.assert_close(logp, naive, atol=1e-5, rtol=1e-5)
+    p = torch.softmax(logits.detach()[pred[rows]], -1)
+    naive_ent = -(p * torch.log(p)).sum(-1).float()
+    torch.testing.assert_close(ent, naive_ent, atol=1e-5, rtol=1e-5)
+    # gradient flows only into the predicting rows
+    logp.sum().backward()
+    assert logits.grad is not None
+    touched = set(pred[rows].tolist())
+    for r in range(n):
+        assert bool(logits.grad[r].abs().sum() > 0) == (r in touched), r
+    # [1, N, V] logits and no entropy
+    assert torch.equal(gather_logprobs(logits.detach()[None], ids, pred, loss), logp.detach())
+
+
+def test_gather_logprobs_rejects_root_loss_row() -> None:
+    logits = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="no predicting row"):
+        gather_logprobs(logits, torch.tensor([0, 1, 2]), torch.tensor([-1, 0, -1]), torch.tensor([0, 1, 1]))
+
+
+# --- GRPO loss ----------------------------------------------------------------------------
+
+
+def _hand_loss(logp: list[float], old: list[float], adv: list[float], denom: int, lo: float, hi: float,
+               cap: float | None, world: int) -> tuple[float, list[float]]:
+    """Loss value and d loss / d logp, by hand (python floats)."""
+    total, grads = 0.0, []
+    for lp, o, a in zip(logp, old, adv, strict=True):
+        r = math.exp(lp - o)
+        c = min(max(r, 1 - lo), 1 + hi)
+        w = 1.0 if cap is None else min(r, cap)
+        unclipped, clipped = -r * a, -c * a
+        total += max(unclipped, clipped) * w
+        # gradient through the unclipped branch only (ties go to the unclipped one)
+        g = -r * a * w if unclipped >= clipped else 0.0
+        grads.append(g * world / denom)
+    return total * world / denom, grads
+
+
+@pytest.mark.parametrize("cap", [None, 1.1])
+@pytest.mark.parametrize("world", [1, 4])
+def test_grpo_loss_by_hand(cap: float | None, world: int) -> None:
+    # ratios: 0.5 (below 1-0.2), 0.9, 1.0, 1.25 (inside the asymmetric bounds, above 1.2),
+    # 1.5 (above 1+0.28) with positive and negative advantages
+    ratios = [0.5, 0.5, 0.9, 1.0, 1.25, 1.25, 1.5, 1.5]
+    adv = [1.0, -1.0, 2.0, -0.5, 1.0, -1.0, 1.0, -2.0]
+    old = [-1.0, -0.3, -2.0, -0.7, -1.5, -0.2, -0.9, -3.0]
+    logp_v = [o + math.log(r) for o, r in zip(old, ratios, strict=True)]
+    logp = torch.tensor(logp_v, dtype=torch.float64, requires_grad=True)
+    denom = 20  # the step has more loss tokens than this micro-batch
+    loss, m = grpo_loss(logp, torch.tensor(old), torch.tensor(adv), denom, clip_low=0.2, clip_high=0.28,
+                        tis_cap=cap, world_size=world)
+    want, want_grad = _hand_loss(logp_v, old, adv, denom, 0.2, 0.28, cap, world)
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-6)
+    loss.backward()
+    assert logp.grad is not None
+    np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-5, atol=1e-7)
+    # 1.25 with A>0 is inside [0.8, 1.28]: unclipped (a symmetric 0.2 clip would cut it);
+    # cut: 0.5 with A<0 and 1.5 with A>0 -> 2 of 8 (the others pick the unclipped term)
+    assert float(m["clip_fraction"]) == pytest.approx(2 / 8)
+    assert want_grad[4] != 0.0 and want_grad[1] == 0.0 and want_grad[6] == 0.0
+    assert float(m["mismatch"]) == pytest.approx(sum(abs(math.log(r)) for r in ratios) / 8, rel=1e-5)
+    assert float(m["ratio_mean"]) == pytest.approx(sum(ratios) / 8, rel=1e-5)
+    assert int(m["loss_tokens"]) == 8
+    assert ("tis_weight_mean" in m) == (cap is not None)
+
+
+def test_grpo_loss_token_mean_over_micro_batches() -> None:
+    """Summing per-micro-batch losses = one token-mean over the step, whatever the split."""
+    g = torch.Generator().manual_seed(5)
+    logp = -torch.rand(30, generator=g, dtype=torch.float64)
+    old = logp + 0.1 * torch.randn(30, generator=g, dtype=torch.float64)
+    adv = torch.randn(30, generator=g, dtype=torch.float64)
+    whole, _ = grpo_loss(logp, old, adv, 30)
+    parts = sum(grpo_loss(logp[a:b], old[a:b], adv[a:b], 30)[0] for a, b in ((0, 7), (7, 8), (8, 30)))
+    assert float(parts) == pytest.approx(float(whole), rel=1e-12)
+    empty, m = grpo_loss(logp[:0], old[:0], adv[:0], 30)
+    assert float(empty) == 0.0 and float(m["clip_fraction"]) == 0.0 and int(m["loss_tokens"]) == 0
+    with pytest.raises(ValueError):
+        grpo_loss(logp, old, adv, 0)
+
+
+def test_chain_batch_round_trip_through_arrow() -> None:
+    cols = chain_batch([4, 2], pad=2)
+    mb = MicroBatch.from_record_batch(make_batch(cols))
+    mb.validate()
+    tb = to_tensors(mb)
+    assert cu_seqlens(tb.subtree_end, tb.position_ids) is not None
