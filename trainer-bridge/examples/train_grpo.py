@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from floe_bridge.client import FloeClient, StepNotFound
+    from floe_bridge.client import FloeClient
     from floe_bridge.hf import score_logprobs
     from floe_bridge.torch_ops import grpo_loss, to_tensors
 
@@ -94,12 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     world_size = 1  # one process; under DDP pass the world size and read this rank's share
 
     with FloeClient(args.location, args.token, rank=0, world_size=world_size, timeout=args.timeout) as floe:
-        for _ in range(args.steps):
-            try:
-                step = floe.read_step()  # the oldest uncommitted step
-            except StepNotFound as e:
-                print(f"floe has no more steps: {e.message}", file=sys.stderr)
-                break
+        # steps() reads the next step while this one trains, and commits each step when the
+        # loop asks for the next; it ends early if floe has no more steps.
+        done = 0
+        for step in floe.steps(count=args.steps):
+            done += 1
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             t0 = time.monotonic()
@@ -133,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize(device)
             step_s = time.monotonic() - t0
             peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
-            floe.commit(step.step)
             floe.report(
                 step.step, rank=0, peak_memory_bytes=peak, step_seconds=step_s, wait_seconds=step.wait_seconds
             )
@@ -143,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"wait_s {step.wait_seconds:.3f} step_s {step_s:.3f} mismatch {mismatch:.4f}",
                 flush=True,
             )
+    if done < args.steps:
+        print(f"floe has no more steps: trained {done} of {args.steps}", file=sys.stderr)
     return 0
 
 

@@ -486,3 +486,29 @@ def test_rank_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="out of range"):
         FloeClient(loc, rank=4, world_size=4)
     c.close()
+
+
+def test_steps_iterator_prefetches_commits_and_stops(floe_server: Callable[..., FloeServer]) -> None:
+    """steps() yields every step in order, commits each as the caller moves on (the next one
+    is formed only then, with -steps-ahead 1, so the prefetch has to wait for that commit),
+    and ends when floe has no more steps."""
+    server = floe_server(groups=6, groups_per_step=2, steps_ahead=1)
+    with FloeClient(server.location, rank=0, world_size=1, timeout=20) as client:
+        seen = []
+        for step in client.steps():
+            assert step.micro_batches and step.wait_seconds >= 0
+            seen.append(step.step)
+            # the step is not committed until the caller asks for the next one
+            assert step.step not in range(client.status()["committed"])
+        assert seen == list(range(server.steps))
+        assert client.status()["committed"] == server.steps
+        with pytest.raises(StepCommitted):
+            client.read_step(0)
+
+
+def test_steps_iterator_without_commit_or_prefetch(floe_server: Callable[..., FloeServer]) -> None:
+    server = floe_server(groups=6, groups_per_step=2, steps_ahead=3)
+    with FloeClient(server.location, rank=0, world_size=1) as client:
+        got = [s.step for s in client.steps(1, count=2, prefetch=False, commit=False)]
+        assert got == [1, 2]
+        assert client.status()["committed"] == 0

@@ -51,6 +51,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NoReturn
@@ -309,7 +310,9 @@ class Step:
     rank: int
     info: StepInfo
     micro_batches: list[MicroBatch]
-    #: seconds from the read_step call to the last micro-batch received
+    #: seconds the caller waited for this step: from the read_step call to the last
+    #: micro-batch received, or, for a step prefetched by :meth:`FloeClient.steps`, the time
+    #: the iterator blocked on it
     wait_seconds: float
     _client: FloeClient | None = field(default=None, repr=False)
     _samples: pa.Table | None = field(default=None, repr=False)
@@ -480,6 +483,57 @@ class FloeClient:
             wait_seconds=time.monotonic() - t0,
             _client=self,
         )
+
+    def steps(
+        self,
+        start: int | None = None,
+        *,
+        count: int | None = None,
+        prefetch: bool = True,
+        commit: bool | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Step]:
+        """Yield this rank's share of consecutive steps, from ``start`` (default: the oldest
+        uncommitted one), until floe has no more steps or ``count`` were yielded.
+
+        With ``prefetch``, the next step is read on a background thread while the caller
+        trains on the current one, so the trainer waits for data only when floe has not
+        formed the step yet; ``Step.wait_seconds`` is then the time the iterator blocked.
+        With ``commit`` (default: on rank 0 only), a step is committed when the caller asks
+        for the next one. In data-parallel training that is after the step's optimizer
+        update, which every rank reaches only after reading the whole step, so no rank can
+        find its share committed under it. ``timeout`` bounds each wait for a step.
+        """
+        if commit is None:
+            commit = self.rank == 0
+        n = self.step_info(timeout=timeout).step if start is None else int(start)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-prefetch") if prefetch else None
+
+        def fetch(k: int) -> Future[Step] | None:
+            return None if pool is None else pool.submit(self.read_step, k, None, timeout)
+
+        pending = fetch(n)
+        yielded = 0
+        try:
+            while count is None or yielded < count:
+                t0 = time.monotonic()
+                try:
+                    step = self.read_step(n, timeout=timeout) if pending is None else pending.result()
+                except StepNotFound:
+                    return
+                if pending is not None:
+                    step.wait_seconds = time.monotonic() - t0
+                    more = count is None or yielded + 1 < count
+                    pending = fetch(n + 1) if more else None
+                yield step
+                yielded += 1
+                if commit:
+                    self.commit(step.step, timeout=timeout)
+                n += 1
+        finally:
+            if pool is not None:
+                # A read in flight ends at its own deadline; nothing waits for it here.
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _read_batches(self, info: StepInfo, rank: int, timeout: float) -> list[MicroBatch]:
         ctx = f"DoGet step {info.step} rank {rank}"
