@@ -6,7 +6,6 @@ import "fmt"
 type leaf struct {
 	node   int32
 	length int64 // rows on the path
-	shared int64 // rows this path shares with the previous leaf's path (0 at a tree's first leaf)
 	loss   int64 // loss rows first reached at this leaf
 }
 
@@ -28,13 +27,9 @@ func newLayout(f *forest) *layout {
 	l := &layout{f: f, leafLo: make([]int32, n), leafHi: make([]int32, n), subRows: make([]int64, n), subAttn: make([]float64, n)}
 	type frame struct{ n, child int32 }
 	stack := make([]frame, 0, 64)
-	var shared int64 = -1 // depth of the first node entered since the last leaf
-	var loss int64        // loss rows entered since the last leaf
+	var loss int64 // loss rows entered since the last leaf
 	enter := func(n int32) {
 		nd := &f.nodes[n]
-		if shared < 0 {
-			shared = int64(nd.depth)
-		}
 		if nd.sample != none {
 			loss += int64(len(nd.tokens))
 		}
@@ -43,8 +38,8 @@ func newLayout(f *forest) *layout {
 		l.subRows[n] = int64(len(nd.tokens))
 		l.subAttn[n] = tri(end) - tri(int64(nd.depth))
 		if nd.first == none {
-			l.leaves = append(l.leaves, leaf{node: n, length: end, shared: shared, loss: loss})
-			shared, loss = -1, 0
+			l.leaves = append(l.leaves, leaf{node: n, length: end, loss: loss})
+			loss = 0
 		}
 		stack = append(stack, frame{n: n, child: nd.first})
 	}
