@@ -4,9 +4,11 @@
 package trace
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // Status is how a session ended.
@@ -36,6 +38,15 @@ type Call struct {
 	// terms (token data missing or inconsistent upstream); UntrainableReason says why.
 	Trainable         bool
 	UntrainableReason string
+
+	// What the proxy saw, for the record; the batcher never reads these.
+	API             string          // the caller's API: anthropic, openai_chat, openai_responses, gemini
+	Started         time.Time       // request received
+	Finished        time.Time       // answer complete
+	UpstreamLatency time.Duration   // from sending upstream to the last token
+	Request         json.RawMessage // the caller's request body as received
+	UpstreamRequest json.RawMessage // the normalized request sent to the engine
+	Response        json.RawMessage // the assistant message, normalized (OpenAI Chat)
 }
 
 // ErrInvalidCall is wrapped by every error Validate returns.
