@@ -20,14 +20,22 @@ import (
 type Engine interface {
 	// Complete sends a non-streaming request and returns the answer with its token data.
 	Complete(ctx context.Context, req *ChatRequest) (*Result, error)
-	// Stream sends a streaming request, handing choice 0's deltas to emit as they arrive,
-	// and returns the whole answer once the upstream stream ends. An error from emit (the
-	// caller went away) cancels the upstream request.
-	Stream(ctx context.Context, req *ChatRequest, emit func(Delta) error) (*Result, error)
+	// Stream sends a streaming request, handing choice 0's deltas to sink as they arrive,
+	// and returns the whole answer once the upstream stream ends. An error from the sink
+	// (the caller went away) cancels the upstream request.
+	Stream(ctx context.Context, req *ChatRequest, sink StreamSink) (*Result, error)
 	// CountTokens returns the prompt length of req as the upstream's tokenizer sees it.
 	CountTokens(ctx context.Context, req *ChatRequest) (int, error)
 	// Models lists the served models.
 	Models(ctx context.Context) ([]string, error)
+}
+
+// StreamSink receives a streamed answer.
+type StreamSink interface {
+	Delta(d Delta) error
+	// Flush is called whenever no more upstream data is at hand: events written since the
+	// last flush go to the caller now. Deltas that arrive together leave together.
+	Flush()
 }
 
 // TokenData is what training needs of one choice.
@@ -63,11 +71,20 @@ type VLLM struct {
 
 var _ Engine = (*VLLM)(nil)
 
+// upstreamClient keeps enough idle connections for hundreds of concurrent sessions; the
+// default transport keeps two per host, so a busy proxy would open a TCP connection per
+// call.
+var upstreamClient = &http.Client{Transport: func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+	return t
+}()}
+
 func (v *VLLM) client() *http.Client {
 	if v.Client != nil {
 		return v.Client
 	}
-	return http.DefaultClient
+	return upstreamClient
 }
 
 // served returns the model name to send upstream.
@@ -299,7 +316,7 @@ type streamChoice struct {
 	finish             string
 }
 
-func (v *VLLM) Stream(ctx context.Context, req *ChatRequest, emit func(Delta) error) (*Result, error) {
+func (v *VLLM) Stream(ctx context.Context, req *ChatRequest, sink StreamSink) (*Result, error) {
 	body, err := v.body(ctx, req, true)
 	if err != nil {
 		return nil, err
@@ -321,7 +338,7 @@ func (v *VLLM) Stream(ctx context.Context, req *ChatRequest, emit func(Delta) er
 		return choices[i]
 	}
 	done := false
-	err = readSSE(resp.Body, func(data []byte) error {
+	err = readSSE(resp.Body, sink.Flush, func(data []byte) error {
 		if string(data) == "[DONE]" {
 			done = true
 			return errStopSSE
@@ -381,7 +398,7 @@ func (v *VLLM) Stream(ctx context.Context, req *ChatRequest, emit func(Delta) er
 				d.ToolCalls = append(d.ToolCalls, ToolCallDelta{Index: tc.Index, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
 			}
 			if c.Index == 0 && (d.Content != "" || d.Reasoning != "" || len(d.ToolCalls) > 0) {
-				if err := emit(d); err != nil {
+				if err := sink.Delta(d); err != nil {
 					return fmt.Errorf("%w: %w", errCallerGone, err)
 				}
 			}
@@ -435,15 +452,40 @@ var (
 	errCallerGone = errors.New("the caller went away")
 )
 
+// maxSSELine bounds one line of an upstream stream.
+const maxSSELine = 64 << 20
+
 // readSSE calls onData with the data of each event of an SSE stream until the stream
-// ends or onData returns an error. Multi-line data fields are joined with newlines.
-func readSSE(r io.Reader, onData func([]byte) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
-	var data []byte
+// ends or onData returns an error. Multi-line data fields are joined with newlines. idle,
+// when not nil, is called whenever the bytes read so far are used up, before blocking for
+// more.
+func readSSE(r io.Reader, idle func(), onData func([]byte) error) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var data, long []byte
 	have := false
-	for sc.Scan() {
-		line := sc.Bytes()
+	for {
+		if idle != nil && br.Buffered() == 0 {
+			idle()
+		}
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long[:0], line...)
+			for errors.Is(err, bufio.ErrBufferFull) && len(long) <= maxSSELine {
+				line, err = br.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			if len(long) > maxSSELine {
+				return fmt.Errorf("an SSE line is longer than %d bytes", maxSSELine)
+			}
+			line = long
+		}
+		if err != nil && !(errors.Is(err, io.EOF) && len(line) > 0) {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return err
+		}
+		line = bytes.TrimRight(line, "\r\n")
 		if len(line) == 0 {
 			if have {
 				if err := onData(data); err != nil {
@@ -462,9 +504,9 @@ func readSSE(r io.Reader, onData func([]byte) error) error {
 			have = true
 		}
 		// event:, id:, retry: and comments carry nothing the proxy needs.
-	}
-	if err := sc.Err(); err != nil {
-		return err
+		if err != nil { // a last line without newline
+			break
+		}
 	}
 	if have {
 		return onData(data)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -272,13 +271,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		}
 		return
 	}
-	var stream Stream
-	res, err := s.Engine.Stream(ctx, &req.Chat, func(delta Delta) error {
-		if stream == nil {
-			stream = d.NewStream(w, req)
-		}
-		return stream.Delta(delta)
-	})
+	sink := &streamSink{w: batchingWriter{w}, d: d, req: req}
+	res, err := s.Engine.Stream(ctx, &req.Chat, sink)
+	stream := sink.stream
+	defer sink.Flush()
 	switch {
 	case errors.Is(err, errCallerGone) || ctx.Err() != nil:
 		// Record what was generated: the tokens were sampled, but the harness never saw
@@ -312,7 +308,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		return
 	}
 	if stream == nil {
-		stream = d.NewStream(w, req)
+		stream = d.NewStream(sink.w, req)
 	}
 	c := res.Response.Choices[0]
 	if err := stream.End(c.FinishReason, res.Response.Usage); err != nil {
@@ -337,7 +333,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 			PromptIDs: res.PromptIDs, ResponseIDs: td.ResponseIDs, Logprobs: td.Logprobs,
 			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true,
 			API: d.Name(), Started: started, Finished: finished, UpstreamLatency: res.Latency,
-			Request: compactJSON(body), UpstreamRequest: res.Upstream, Response: msg,
+			Request: body, UpstreamRequest: res.Upstream, Response: msg,
 		}
 		switch {
 		case problem != "":
@@ -359,11 +355,35 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 	return nil
 }
 
-// compactJSON returns body as compact JSON when it is JSON, else nil.
-func compactJSON(body []byte) json.RawMessage {
-	var b bytes.Buffer
-	if json.Compact(&b, body) != nil {
-		return nil
-	}
-	return b.Bytes()
+// streamSink opens the caller's stream at the first delta, so that an upstream refusing
+// the call still gets a proper HTTP error status.
+type streamSink struct {
+	w      batchingWriter
+	d      Dialect
+	req    *Request
+	stream Stream
 }
+
+func (s *streamSink) Delta(d Delta) error {
+	if s.stream == nil {
+		s.stream = s.d.NewStream(s.w, s.req)
+	}
+	return s.stream.Delta(d)
+}
+
+func (s *streamSink) Flush() { s.w.flushNow() }
+
+// batchingWriter holds back the flushes dialects make after every event; the proxy
+// flushes when the upstream has nothing more at hand, so events that arrive together
+// leave in one write instead of one each.
+type batchingWriter struct{ http.ResponseWriter }
+
+func (batchingWriter) Flush() {}
+
+func (b batchingWriter) flushNow() {
+	if f, ok := b.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (b batchingWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }

@@ -214,7 +214,7 @@ const chatBody = `{"model":"claude-like","messages":[{"role":"user","content":"h
 func sseData(t *testing.T, r io.Reader) []string {
 	t.Helper()
 	var out []string
-	if err := readSSE(r, func(b []byte) error { out = append(out, string(b)); return nil }); err != nil {
+	if err := readSSE(r, nil, func(b []byte) error { out = append(out, string(b)); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -509,7 +509,7 @@ func FuzzReadSSE(f *testing.F) {
 	f.Add([]byte("event: x\ndata: a\ndata: b\n\n: comment\ndata:c"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var n int
-		_ = readSSE(bytes.NewReader(in), func(b []byte) error { n += len(b); return nil })
+		_ = readSSE(bytes.NewReader(in), nil, func(b []byte) error { n += len(b); return nil })
 		if n > len(in) {
 			t.Fatalf("read %d data bytes from %d input bytes", n, len(in))
 		}

@@ -16,9 +16,14 @@ const usage = `usage: floe <command> [flags]
 commands:
   bench     reconstruct, pack and encode a synthetic agent-trace corpus with every
             strategy and print the comparison table
+  bench-proxy
+            measure the proxy's added latency and concurrent throughput against a
+            zero-latency fake inference server
   corpus-serve
             form steps from the synthetic corpus and serve them over Arrow Flight, for
             developing and testing a trainer against floe
+  proxy     serve the provider APIs in front of an inference server and record every
+            call (the proxy alone, without the training side)
   version   print the version
 
 Run 'floe <command> -h' for a command's flags.
@@ -39,8 +44,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
+	case "bench-proxy":
+		err = runBenchProxy(ctx, args[1:], stdout, stderr)
 	case "corpus-serve":
 		err = runCorpusServe(ctx, args[1:], stdout, stderr)
+	case "proxy":
+		err = runProxy(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "floe", version())
 	case "help", "-h", "--help":

@@ -1,0 +1,1267 @@
+package proxy
+
+// Gemini dialect: Google's Generative Language API (v1beta) as Gemini CLI and the
+// @google/genai SDK speak it.
+//
+//   POST /v1beta/models/{model}:generateContent        complete answer
+//   POST /v1beta/models/{model}:streamGenerateContent  SSE "data:" events (with or without ?alt=sse)
+//   POST /v1beta/models/{model}:countTokens            {"totalTokens": n}
+//   GET  /v1beta/models                                model list
+//
+// The model and the method come from the path ("/v1/…", "/v1alpha/…", ".../tunedModels/…"
+// and Vertex-style ".../publishers/google/models/…" are accepted too). Bodies may use the
+// API's camelCase or the snake_case the API also accepts; keys inside function arguments,
+// function responses and schemas are left alone.
+//
+// Decisions worth knowing:
+//
+//   - Reasoning and thoughtSignature. Gemini CLI drops thought parts from its history but
+//     keeps a part's thoughtSignature, and merges later text parts into the first one.
+//     So when floe answers with reasoning it puts its own signature,
+//     base64("floe1." + reasoning), on the FIRST non-thought part of the answer (the first
+//     text part or function call; a part carrying only the signature when there is
+//     neither). On decode, a model turn's reasoning is taken from floe's signatures when
+//     any are present (they are exact; distinct ones are concatenated in order), else
+//     from its thought parts. Signatures floe did not write (Gemini's own, Gemini CLI's
+//     "skip_thought_signature_validator") are ignored.
+//   - Thought parts are sent to the caller only when generationConfig.thinkingConfig.
+//     includeThoughts is true, as Gemini does; the signature is sent either way, so the
+//     reasoning survives a harness that never saw it.
+//   - Tool-call ids: a functionCall's id when present, else "call_<turn>_<k>" (turn = index
+//     in contents, k = index among the turn's function calls), stable across requests.
+//     A functionResponse takes its own id, else the first unanswered call of the previous
+//     model turn with its name (any unanswered one when it has no name), else
+//     "call_<turn>_<k>" of its own position. Tool messages are emitted before any other
+//     user parts of the same content, as Chat Completions requires.
+//   - Text parts are joined with "" in model turns (they are stream deltas) and with "\n"
+//     in user turns and the system instruction (as vLLM joins a list of text parts).
+//   - inlineData / fileData of image/* become image_url parts (data: URI for inlineData);
+//     other media become a short text placeholder, since the engine takes text and images.
+//   - Gemini Schema `parameters` have their upper-case type names (OBJECT, STRING, …)
+//     lower-cased into JSON Schema, key order kept; parametersJsonSchema is forwarded
+//     verbatim. Non-function tools (googleSearch, codeExecution, urlContext, …) are
+//     accepted and not forwarded.
+//   - Answers: finishReason STOP for stop and tool calls, MAX_TOKENS for length, SAFETY for
+//     content_filter, OTHER for anything else. Function-call args are the parsed JSON
+//     object of the arguments ({} when they are empty or not a JSON object). Usage has no
+//     reasoning-token count, so thoughtsTokenCount is never sent and candidatesTokenCount
+//     includes reasoning tokens.
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"sort"
+	"strings"
+)
+
+// Gemini is the Google Gemini API dialect.
+type Gemini struct{}
+
+var (
+	_ Dialect      = Gemini{}
+	_ TokenCounter = Gemini{}
+)
+
+// Gemini API methods floe serves.
+const (
+	gemMethodGenerate = "generateContent"
+	gemMethodStream   = "streamGenerateContent"
+	gemMethodCount    = "countTokens"
+)
+
+// gemSignaturePrefix marks floe's own thoughtSignature payload.
+const gemSignaturePrefix = "floe1."
+
+// gemState is the Gemini dialect's Request.State.
+type gemState struct {
+	Method          string // generateContent, streamGenerateContent or countTokens
+	IncludeThoughts bool   // send thought parts to the caller
+}
+
+// Name implements Dialect.
+func (Gemini) Name() string { return "gemini" }
+
+// ---- wire types ----
+
+type gemRequest struct {
+	Contents               []gemContent         `json:"contents"`
+	SystemInstruction      *gemContent          `json:"systemInstruction,omitempty"`
+	Tools                  []gemTool            `json:"tools,omitempty"`
+	ToolConfig             *gemToolConfig       `json:"toolConfig,omitempty"`
+	GenerationConfig       *gemGenerationConfig `json:"generationConfig,omitempty"`
+	GenerateContentRequest *gemRequest          `json:"generateContentRequest,omitempty"` // countTokens
+}
+
+type gemContent struct {
+	Role  string    `json:"role,omitempty"`
+	Parts []gemPart `json:"parts"`
+}
+
+type gemPart struct {
+	Text             *string              `json:"text,omitempty"`
+	Thought          bool                 `json:"thought,omitempty"`
+	ThoughtSignature string               `json:"thoughtSignature,omitempty"`
+	InlineData       *gemBlob             `json:"inlineData,omitempty"`
+	FileData         *gemFileData         `json:"fileData,omitempty"`
+	FunctionCall     *gemFunctionCall     `json:"functionCall,omitempty"`
+	FunctionResponse *gemFunctionResponse `json:"functionResponse,omitempty"`
+}
+
+type gemBlob struct {
+	MimeType string `json:"mimeType"`
+	Data     string `json:"data"`
+}
+
+type gemFileData struct {
+	MimeType string `json:"mimeType,omitempty"`
+	FileURI  string `json:"fileUri"`
+}
+
+type gemFunctionCall struct {
+	ID   string          `json:"id,omitempty"`
+	Name string          `json:"name"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+type gemFunctionResponse struct {
+	ID       string          `json:"id,omitempty"`
+	Name     string          `json:"name"`
+	Response json.RawMessage `json:"response,omitempty"`
+	Parts    []gemPart       `json:"parts,omitempty"` // multimodal function responses
+}
+
+type gemTool struct {
+	FunctionDeclarations []gemFunctionDeclaration `json:"functionDeclarations,omitempty"`
+	// googleSearch, codeExecution, urlContext, … are accepted and not forwarded.
+}
+
+type gemFunctionDeclaration struct {
+	Name                 string          `json:"name"`
+	Description          string          `json:"description,omitempty"`
+	Parameters           json.RawMessage `json:"parameters,omitempty"`
+	ParametersJSONSchema json.RawMessage `json:"parametersJsonSchema,omitempty"`
+}
+
+type gemToolConfig struct {
+	FunctionCallingConfig *struct {
+		Mode                 string   `json:"mode"`
+		AllowedFunctionNames []string `json:"allowedFunctionNames"`
+	} `json:"functionCallingConfig"`
+}
+
+type gemGenerationConfig struct {
+	MaxOutputTokens *float64 `json:"maxOutputTokens"`
+	Temperature     *float64 `json:"temperature"`
+	TopP            *float64 `json:"topP"`
+	TopK            *float64 `json:"topK"` // ignored
+	StopSequences   []string `json:"stopSequences"`
+	CandidateCount  *float64 `json:"candidateCount"`
+	ThinkingConfig  *struct {
+		ThinkingBudget  *float64 `json:"thinkingBudget"`
+		IncludeThoughts *bool    `json:"includeThoughts"`
+	} `json:"thinkingConfig"`
+}
+
+type gemResponse struct {
+	Candidates    []gemCandidate `json:"candidates"`
+	UsageMetadata *gemUsage      `json:"usageMetadata,omitempty"`
+	ModelVersion  string         `json:"modelVersion,omitempty"`
+	ResponseID    string         `json:"responseId,omitempty"`
+}
+
+type gemCandidate struct {
+	Content      gemContent `json:"content"`
+	FinishReason string     `json:"finishReason,omitempty"`
+	Index        int        `json:"index"`
+}
+
+type gemUsage struct {
+	PromptTokenCount     int `json:"promptTokenCount"`
+	CandidatesTokenCount int `json:"candidatesTokenCount"`
+	TotalTokenCount      int `json:"totalTokenCount"`
+}
+
+type gemErrorBody struct {
+	Error gemErrorDetail `json:"error"`
+}
+
+type gemErrorDetail struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+	Status  string `json:"status"`
+}
+
+// ---- Decode ----
+
+func gemInvalid(format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// Decode implements Dialect.
+func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
+	if r == nil || r.URL == nil {
+		return nil, gemInvalid("path: the request has no URL")
+	}
+	model, method, perr := gemParsePath(r.URL.Path)
+	if perr != nil {
+		return nil, perr
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, gemInvalid("contents: the request body is empty")
+	}
+	norm, err := gemCamelize(body)
+	if err != nil {
+		return nil, gemJSONError(err)
+	}
+	var gr gemRequest
+	if err := json.Unmarshal(norm, &gr); err != nil {
+		return nil, gemJSONError(err)
+	}
+	at := ""
+	if method == gemMethodCount && len(gr.Contents) == 0 && gr.GenerateContentRequest != nil {
+		gr = *gr.GenerateContentRequest
+		at = "generateContentRequest."
+	}
+	chat, include, derr := gemToChat(&gr, at)
+	if derr != nil {
+		return nil, derr
+	}
+	chat.Model = model
+	chat.Stream = method == gemMethodStream
+	return &Request{
+		Chat:   chat,
+		Model:  model,
+		Stream: chat.Stream,
+		State:  &gemState{Method: method, IncludeThoughts: include},
+	}, nil
+}
+
+// gemParsePath splits ".../models/{model}:{method}" into its model and method.
+func gemParsePath(p string) (model, method string, err *Error) {
+	bad := func(why string) (string, string, *Error) {
+		return "", "", gemInvalid("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
+	}
+	colon := strings.LastIndexByte(p, ':')
+	if colon < 0 || colon < strings.LastIndexByte(p, '/') {
+		return bad("no :method after the model")
+	}
+	method, res := p[colon+1:], p[:colon]
+	start := -1
+	if strings.HasPrefix(res, "models/") {
+		start = len("models/")
+	}
+	for _, seg := range []string{"/models/", "/tunedModels/"} {
+		if k := strings.LastIndex(res, seg); k >= 0 && k+len(seg) > start {
+			start = k + len(seg)
+		}
+	}
+	if start < 0 {
+		return bad("no models/ segment")
+	}
+	model = res[start:]
+	if model == "" || strings.ContainsRune(model, '/') {
+		return bad("model name is empty or malformed")
+	}
+	switch method {
+	case gemMethodGenerate, gemMethodStream, gemMethodCount:
+	default:
+		return bad(fmt.Sprintf("unsupported method %q", method))
+	}
+	return model, method, nil
+}
+
+// gemJSONError turns a JSON decoding error into a 400 naming the field.
+func gemJSONError(err error) *Error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		if te.Field == "" {
+			return gemInvalid("request body: expected a JSON object, got %s", te.Value)
+		}
+		return gemInvalid("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
+	case errors.As(err, &se):
+		return gemInvalid("request body: invalid JSON at byte %d: %v", se.Offset, se)
+	default:
+		return gemInvalid("request body: invalid JSON: %v", err)
+	}
+}
+
+func gemTypeName(t reflect.Type) string {
+	if t == nil {
+		return "a value"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 && t.Name() == "RawMessage" {
+			return "a JSON value"
+		}
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return t.String()
+}
+
+// gemOpaqueKeys hold caller data whose keys must not be renamed.
+var gemOpaqueKeys = map[string]bool{
+	"args": true, "partialArgs": true, "response": true,
+	"parameters": true, "parametersJsonSchema": true,
+	"responseSchema": true, "responseJsonSchema": true, "labels": true,
+}
+
+// gemCamelize rewrites snake_case keys (system_instruction, inline_data, …) to the
+// camelCase the typed structs read, except inside gemOpaqueKeys values. A body with no
+// underscore at all is returned as is.
+func gemCamelize(body []byte) ([]byte, error) {
+	if !bytes.ContainsRune(body, '_') {
+		return body, nil
+	}
+	if !json.Valid(body) {
+		var v any
+		return nil, json.Unmarshal(body, &v) // the syntax error, with its offset
+	}
+	return gemCamelizeValue(body)
+}
+
+func gemCamelizeValue(raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	if len(t) == 0 || !bytes.ContainsRune(t, '_') {
+		return raw, nil
+	}
+	switch t[0] {
+	case '{':
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(t, &m); err != nil {
+			return nil, err
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		out := make(map[string]json.RawMessage, len(m))
+		// camelCase keys first, so that they win over a snake_case spelling of the same key.
+		for pass := 0; pass < 2; pass++ {
+			for _, k := range keys {
+				ck := gemCamel(k)
+				if (pass == 0) != (ck == k) {
+					continue
+				}
+				if _, dup := out[ck]; dup {
+					continue
+				}
+				v := m[k]
+				if !gemOpaqueKeys[ck] {
+					var err error
+					if v, err = gemCamelizeValue(v); err != nil {
+						return nil, err
+					}
+				}
+				out[ck] = v
+			}
+		}
+		return json.Marshal(out)
+	case '[':
+		var a []json.RawMessage
+		if err := json.Unmarshal(t, &a); err != nil {
+			return nil, err
+		}
+		for i := range a {
+			v, err := gemCamelizeValue(a[i])
+			if err != nil {
+				return nil, err
+			}
+			a[i] = v
+		}
+		return json.Marshal(a)
+	}
+	return raw, nil
+}
+
+// gemCamel maps "max_output_tokens" to "maxOutputTokens"; keys starting with "_" are kept.
+func gemCamel(k string) string {
+	if !strings.Contains(k, "_") || strings.HasPrefix(k, "_") {
+		return k
+	}
+	var b strings.Builder
+	up := false
+	for _, c := range k {
+		switch {
+		case c == '_':
+			up = true
+		case up:
+			b.WriteString(strings.ToUpper(string(c)))
+			up = false
+		default:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
+}
+
+// gemPendingCall is a function call of the previous model turn awaiting its response.
+type gemPendingCall struct {
+	id, name string
+	answered bool
+}
+
+func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
+	var chat ChatRequest
+	if len(gr.Contents) == 0 {
+		return chat, false, gemInvalid("%scontents: required and must not be empty", at)
+	}
+	if si := gr.SystemInstruction; si != nil {
+		if text := gemJoinText(si.Parts, "\n"); text != "" {
+			chat.Messages = append(chat.Messages, ChatMessage{Role: "system", Content: text})
+		}
+	}
+	var pending []gemPendingCall
+	for i, c := range gr.Contents {
+		where := fmt.Sprintf("%scontents[%d]", at, i)
+		switch strings.ToLower(c.Role) {
+		case "model":
+			msg, calls, err := gemModelMessage(c, i, where)
+			if err != nil {
+				return chat, false, err
+			}
+			chat.Messages = append(chat.Messages, msg)
+			pending = calls
+		case "user", "", "function", "tool":
+			chat.Messages = append(chat.Messages, gemUserMessages(c, i, pending)...)
+		default:
+			return chat, false, gemInvalid("%s.role: %q is not user or model", where, c.Role)
+		}
+	}
+
+	for ti, t := range gr.Tools {
+		for fi, fd := range t.FunctionDeclarations {
+			where := fmt.Sprintf("%stools[%d].functionDeclarations[%d]", at, ti, fi)
+			if fd.Name == "" {
+				return chat, false, gemInvalid("%s.name: required", where)
+			}
+			fn := ChatFunction{Name: fd.Name, Description: fd.Description}
+			switch {
+			case gemPresent(fd.ParametersJSONSchema):
+				fn.Parameters = gemCompact(fd.ParametersJSONSchema)
+			case gemPresent(fd.Parameters):
+				p, err := gemSchema(fd.Parameters)
+				if err != nil {
+					return chat, false, gemInvalid("%s.parameters: %v", where, err)
+				}
+				fn.Parameters = p
+			}
+			chat.Tools = append(chat.Tools, ChatTool{Type: "function", Function: fn})
+		}
+	}
+
+	if tc := gr.ToolConfig; tc != nil && tc.FunctionCallingConfig != nil {
+		fc := tc.FunctionCallingConfig
+		var choice any
+		switch strings.ToUpper(fc.Mode) {
+		case "", "MODE_UNSPECIFIED":
+		case "AUTO", "VALIDATED":
+			choice = "auto"
+		case "NONE":
+			choice = "none"
+		case "ANY":
+			choice = "required"
+			if len(fc.AllowedFunctionNames) == 1 {
+				choice = map[string]any{"type": "function", "function": map[string]string{"name": fc.AllowedFunctionNames[0]}}
+			}
+		default:
+			return chat, false, gemInvalid("%stoolConfig.functionCallingConfig.mode: %q is not AUTO, ANY, NONE or VALIDATED", at, fc.Mode)
+		}
+		if choice != nil && len(chat.Tools) > 0 {
+			chat.ToolChoice, _ = json.Marshal(choice)
+		}
+	}
+
+	include := false
+	if g := gr.GenerationConfig; g != nil {
+		if g.MaxOutputTokens != nil && *g.MaxOutputTokens >= 1 && *g.MaxOutputTokens < 1<<31 {
+			n := int(*g.MaxOutputTokens)
+			chat.MaxCompletionTokens = &n
+		}
+		chat.Temperature = g.Temperature
+		chat.TopP = g.TopP
+		if len(g.StopSequences) > 0 {
+			chat.Stop = g.StopSequences
+		}
+		if g.CandidateCount != nil && *g.CandidateCount >= 1 && *g.CandidateCount < 1<<31 {
+			n := int(*g.CandidateCount)
+			chat.N = &n
+		}
+		if tc := g.ThinkingConfig; tc != nil {
+			if tc.ThinkingBudget != nil && *tc.ThinkingBudget == 0 {
+				chat.ChatTemplateKwargs = map[string]any{"enable_thinking": false}
+			}
+			include = tc.IncludeThoughts != nil && *tc.IncludeThoughts
+		}
+	}
+	return chat, include, nil
+}
+
+// gemModelMessage turns a model turn into an assistant message and its function calls.
+func gemModelMessage(c gemContent, turn int, where string) (ChatMessage, []gemPendingCall, *Error) {
+	var text, thoughts strings.Builder
+	var restored []string
+	seen := map[string]bool{}
+	var calls []gemPendingCall
+	msg := ChatMessage{Role: "assistant"}
+	for j, p := range c.Parts {
+		if sig := p.ThoughtSignature; sig != "" && !seen[sig] {
+			if r, ok := gemReadSignature(sig); ok {
+				seen[sig] = true
+				restored = append(restored, r)
+			}
+		}
+		if fc := p.FunctionCall; fc != nil {
+			if fc.Name == "" {
+				return msg, nil, gemInvalid("%s.parts[%d].functionCall.name: required", where, j)
+			}
+			id := fc.ID
+			if id == "" {
+				id = fmt.Sprintf("call_%d_%d", turn, len(calls))
+			}
+			msg.ToolCalls = append(msg.ToolCalls, ChatToolCall{
+				ID: id, Type: "function",
+				Function: ChatFunctionCall{Name: fc.Name, Arguments: gemArgsString(fc.Args)},
+			})
+			calls = append(calls, gemPendingCall{id: id, name: fc.Name})
+		}
+		if p.Text != nil {
+			if p.Thought {
+				thoughts.WriteString(*p.Text)
+			} else {
+				text.WriteString(*p.Text)
+			}
+		}
+	}
+	msg.Content = text.String()
+	if len(restored) > 0 {
+		msg.ReasoningContent = strings.Join(restored, "")
+	} else {
+		msg.ReasoningContent = thoughts.String()
+	}
+	return msg, calls, nil
+}
+
+// gemUserMessages turns a user turn into tool messages (its function responses, first)
+// and a user message (its other parts).
+func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []ChatMessage {
+	var tools []ChatMessage
+	var parts []ChatPart
+	image := false
+	addMedia := func(mime, url string, inline bool) {
+		if strings.HasPrefix(strings.ToLower(mime), "image/") {
+			if inline {
+				url = "data:" + mime + ";base64," + url
+			}
+			parts = append(parts, ChatPart{Type: "image_url", ImageURL: &ChatImageURL{URL: url}})
+			image = true
+			return
+		}
+		if mime == "" {
+			mime = "unknown"
+		}
+		parts = append(parts, ChatPart{Type: "text", Text: fmt.Sprintf("[%s content omitted: only text and images are forwarded]", mime)})
+	}
+	var media func(p gemPart)
+	media = func(p gemPart) {
+		switch {
+		case p.InlineData != nil:
+			addMedia(p.InlineData.MimeType, p.InlineData.Data, true)
+		case p.FileData != nil:
+			addMedia(p.FileData.MimeType, p.FileData.FileURI, false)
+		}
+	}
+	for j, p := range c.Parts {
+		switch {
+		case p.FunctionResponse != nil:
+			fr := p.FunctionResponse
+			id := gemMatchCall(pending, fr)
+			if id == "" {
+				id = fmt.Sprintf("call_%d_%d", turn, j)
+			}
+			content := "{}"
+			if gemPresent(fr.Response) {
+				content = string(gemCanonJSON(fr.Response))
+			}
+			tools = append(tools, ChatMessage{Role: "tool", Content: content, ToolCallID: id})
+			for _, fp := range fr.Parts {
+				media(fp)
+			}
+		case p.InlineData != nil || p.FileData != nil:
+			media(p)
+		case p.Thought || p.FunctionCall != nil:
+			// Not meaningful in a user turn.
+		case p.Text != nil && *p.Text != "":
+			parts = append(parts, ChatPart{Type: "text", Text: *p.Text})
+		}
+	}
+	out := tools
+	if len(parts) > 0 || len(tools) == 0 {
+		msg := ChatMessage{Role: "user"}
+		if image {
+			msg.Content = parts
+		} else {
+			texts := make([]string, len(parts))
+			for k, p := range parts {
+				texts[k] = p.Text
+			}
+			msg.Content = strings.Join(texts, "\n")
+		}
+		out = append(out, msg)
+	}
+	return out
+}
+
+// gemMatchCall finds the id of the call a function response answers ("" when none).
+func gemMatchCall(pending []gemPendingCall, fr *gemFunctionResponse) string {
+	if fr.ID != "" {
+		for k := range pending {
+			if pending[k].id == fr.ID {
+				pending[k].answered = true
+			}
+		}
+		return fr.ID
+	}
+	for k := range pending {
+		if !pending[k].answered && (fr.Name == "" || pending[k].name == fr.Name) {
+			pending[k].answered = true
+			return pending[k].id
+		}
+	}
+	return ""
+}
+
+// gemJoinText joins the non-thought text parts.
+func gemJoinText(parts []gemPart, sep string) string {
+	var texts []string
+	for _, p := range parts {
+		if p.Text != nil && !p.Thought && *p.Text != "" {
+			texts = append(texts, *p.Text)
+		}
+	}
+	return strings.Join(texts, sep)
+}
+
+func gemPresent(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
+}
+
+func gemCompact(raw json.RawMessage) json.RawMessage {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return raw
+	}
+	return b.Bytes()
+}
+
+// gemArgsString is a functionCall's args as the Chat arguments string.
+func gemArgsString(args json.RawMessage) string {
+	if !gemPresent(args) {
+		return "{}"
+	}
+	return string(gemCanonJSON(args))
+}
+
+// gemCanonJSON re-encodes a JSON value compactly with its key order and number literals
+// kept and strings written as UTF-8 rather than \u escapes, so that what the model reads
+// does not depend on how a client's JSON encoder escapes (Python's ensure_ascii, Go's
+// HTML escaping). Invalid input is returned compacted as is.
+func gemCanonJSON(raw json.RawMessage) json.RawMessage {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var b, sb bytes.Buffer
+	enc := json.NewEncoder(&sb)
+	enc.SetEscapeHTML(false)
+	type frame struct {
+		obj bool
+		n   int
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return gemCompact(raw)
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			b.WriteByte(byte(d))
+			continue
+		}
+		if len(stack) > 0 {
+			f := &stack[len(stack)-1]
+			switch {
+			case f.obj && f.n%2 == 1:
+				b.WriteByte(':')
+			case f.n > 0:
+				b.WriteByte(',')
+			}
+			f.n++
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			stack = append(stack, frame{obj: v == '{'})
+			b.WriteByte(byte(v))
+		case string:
+			sb.Reset()
+			_ = enc.Encode(v)
+			b.Write(bytes.TrimSuffix(sb.Bytes(), []byte("\n")))
+		case json.Number:
+			b.WriteString(string(v))
+		case bool:
+			if v {
+				b.WriteString("true")
+			} else {
+				b.WriteString("false")
+			}
+		case nil:
+			b.WriteString("null")
+		}
+	}
+	return b.Bytes()
+}
+
+// gemArgsJSON is a Chat arguments string as a Gemini args object: the JSON object
+// itself (also when it was sent as a JSON string holding one), {} otherwise.
+func gemArgsJSON(arguments string) json.RawMessage {
+	t := strings.TrimSpace(arguments)
+	if strings.HasPrefix(t, `"`) {
+		var s string
+		if json.Unmarshal([]byte(t), &s) == nil {
+			t = strings.TrimSpace(s)
+		}
+	}
+	if strings.HasPrefix(t, "{") && json.Valid([]byte(t)) {
+		return gemCompact(json.RawMessage(t))
+	}
+	return json.RawMessage("{}")
+}
+
+// gemSchema converts a Gemini Schema (OpenAPI subset, upper-case type names) to JSON
+// Schema, keeping key order.
+func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return gemCompact(t), nil
+	}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	n := 0
+	err := gemEachKey(t, func(k string, v json.RawMessage) error {
+		switch k {
+		case "type":
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				if s == "TYPE_UNSPECIFIED" {
+					return nil
+				}
+				v, _ = json.Marshal(strings.ToLower(s))
+			}
+		case "items", "additionalProperties", "not":
+			var err error
+			if v, err = gemSchema(v); err != nil {
+				return err
+			}
+		case "properties", "$defs", "definitions":
+			var err error
+			if v, err = gemSchemaMap(v); err != nil {
+				return err
+			}
+		case "anyOf", "oneOf", "allOf", "prefixItems":
+			var list []json.RawMessage
+			if json.Unmarshal(v, &list) == nil {
+				for i := range list {
+					s, err := gemSchema(list[i])
+					if err != nil {
+						return err
+					}
+					list[i] = s
+				}
+				v, _ = json.Marshal(list)
+			}
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		n++
+		kb, _ := json.Marshal(k)
+		b.Write(kb)
+		b.WriteByte(':')
+		b.Write(gemCompact(v))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// gemSchemaMap converts each schema of a {name: schema} object, keeping key order.
+func gemSchemaMap(raw json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return gemCompact(t), nil
+	}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	n := 0
+	err := gemEachKey(t, func(k string, v json.RawMessage) error {
+		s, err := gemSchema(v)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		n++
+		kb, _ := json.Marshal(k)
+		b.Write(kb)
+		b.WriteByte(':')
+		b.Write(s)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// gemEachKey calls fn for each member of a JSON object, in order.
+func gemEachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error) error {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return fmt.Errorf("expected a JSON object")
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		k, ok := tok.(string)
+		if !ok {
+			return fmt.Errorf("expected an object key")
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gemSignature is floe's thoughtSignature for reasoning text.
+func gemSignature(reasoning string) string {
+	return base64.StdEncoding.EncodeToString([]byte(gemSignaturePrefix + reasoning))
+}
+
+// gemReadSignature restores reasoning from a floe signature; ok is false for others.
+func gemReadSignature(sig string) (string, bool) {
+	// base64 of the 6-byte prefix is exactly these 8 characters.
+	if !strings.HasPrefix(sig, "ZmxvZTEu") {
+		return "", false
+	}
+	// floe writes standard base64; clients may re-encode the bytes they decoded in the
+	// URL-safe alphabet (the Python SDK does) or without padding.
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
+		b, err := enc.DecodeString(sig)
+		if err == nil && bytes.HasPrefix(b, []byte(gemSignaturePrefix)) {
+			return string(b[len(gemSignaturePrefix):]), true
+		}
+	}
+	return "", false
+}
+
+// ---- answers ----
+
+func gemStateOf(req *Request) *gemState {
+	if req != nil {
+		if st, ok := req.State.(*gemState); ok && st != nil {
+			return st
+		}
+	}
+	return &gemState{Method: gemMethodGenerate, IncludeThoughts: true}
+}
+
+func gemModelOf(req *Request) string {
+	if req == nil {
+		return ""
+	}
+	return req.Model
+}
+
+func gemText(s string) *string { return &s }
+
+// gemFinish maps a normalized finish reason to Gemini's.
+func gemFinish(reason string) string {
+	switch reason {
+	case FinishStop, FinishToolCalls, "":
+		return "STOP"
+	case FinishLength:
+		return "MAX_TOKENS"
+	case FinishFilter:
+		return "SAFETY"
+	}
+	return "OTHER"
+}
+
+func gemUsageOf(u Usage) *gemUsage {
+	total := u.TotalTokens
+	if total == 0 {
+		total = u.PromptTokens + u.CompletionTokens
+	}
+	return &gemUsage{PromptTokenCount: u.PromptTokens, CandidatesTokenCount: u.CompletionTokens, TotalTokenCount: total}
+}
+
+// gemContentText is an assistant message's content as text.
+func gemContentText(c any) string {
+	switch v := c.(type) {
+	case string:
+		return v
+	case []ChatPart:
+		var b strings.Builder
+		for _, p := range v {
+			b.WriteString(p.Text)
+		}
+		return b.String()
+	}
+	return ""
+}
+
+// gemAnswerParts renders one answer as parts: thoughts (when the caller wants them),
+// text, function calls; floe's signature on the first non-thought part.
+func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
+	var parts []gemPart
+	if includeThoughts && m.ReasoningContent != "" {
+		parts = append(parts, gemPart{Text: gemText(m.ReasoningContent), Thought: true})
+	}
+	host := len(parts)
+	if text := gemContentText(m.Content); text != "" {
+		parts = append(parts, gemPart{Text: gemText(text)})
+	}
+	for _, tc := range m.ToolCalls {
+		parts = append(parts, gemPart{FunctionCall: &gemFunctionCall{
+			ID: tc.ID, Name: tc.Function.Name, Args: gemArgsJSON(tc.Function.Arguments),
+		}})
+	}
+	if m.ReasoningContent != "" {
+		if host < len(parts) {
+			parts[host].ThoughtSignature = gemSignature(m.ReasoningContent)
+		} else {
+			parts = append(parts, gemPart{ThoughtSignature: gemSignature(m.ReasoningContent)})
+		}
+	}
+	if len(parts) == 0 {
+		parts = []gemPart{{Text: gemText("")}} // as Gemini sends an empty answer
+	}
+	return parts
+}
+
+// WriteResponse implements Dialect.
+func (Gemini) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+	st := gemStateOf(req)
+	out := gemResponse{Candidates: []gemCandidate{}, ModelVersion: gemModelOf(req)}
+	if res != nil {
+		out.ResponseID = res.ID
+		out.UsageMetadata = gemUsageOf(res.Usage)
+		for _, ch := range res.Choices {
+			out.Candidates = append(out.Candidates, gemCandidate{
+				Content:      gemContent{Role: "model", Parts: gemAnswerParts(ch.Message, st.IncludeThoughts)},
+				FinishReason: gemFinish(ch.FinishReason),
+				Index:        ch.Index,
+			})
+		}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// ---- streaming ----
+
+// gemStreamCall is a streamed function call whose arguments are still arriving.
+type gemStreamCall struct {
+	index    int
+	id, name string
+	args     strings.Builder
+}
+
+type gemStream struct {
+	sse             *sseWriter
+	model, id       string
+	includeThoughts bool
+	unsigned        strings.Builder  // reasoning not yet covered by a signature
+	open            []*gemStreamCall // calls not yet sent, by index
+	sent            map[int]bool     // indexes of calls already sent
+	done            bool
+}
+
+// NewStream implements Dialect.
+func (Gemini) NewStream(w http.ResponseWriter, req *Request) Stream {
+	return &gemStream{
+		sse:             newSSE(w),
+		model:           gemModelOf(req),
+		id:              gemNewID(),
+		includeThoughts: gemStateOf(req).IncludeThoughts,
+		sent:            map[int]bool{},
+	}
+}
+
+func gemNewID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *gemStream) send(parts []gemPart, finish string, usage *gemUsage) error {
+	if len(parts) == 0 {
+		parts = []gemPart{{Text: gemText("")}}
+	}
+	return s.sse.event("", gemResponse{
+		Candidates:    []gemCandidate{{Content: gemContent{Role: "model", Parts: parts}, FinishReason: finish}},
+		UsageMetadata: usage,
+		ModelVersion:  s.model,
+		ResponseID:    s.id,
+	})
+}
+
+// sign puts the signature of the reasoning so far on p, the first non-thought part
+// after it.
+func (s *gemStream) sign(p *gemPart) {
+	if s.unsigned.Len() > 0 {
+		p.ThoughtSignature = gemSignature(s.unsigned.String())
+		s.unsigned.Reset()
+	}
+}
+
+// take removes the open calls with index below limit and returns them as parts.
+func (s *gemStream) take(limit int) []gemPart {
+	var parts []gemPart
+	keep := s.open[:0]
+	for _, c := range s.open {
+		if c.index >= limit {
+			keep = append(keep, c)
+			continue
+		}
+		id := c.id
+		if id == "" {
+			id = fmt.Sprintf("call_%s_%d", s.id, c.index)
+		}
+		p := gemPart{FunctionCall: &gemFunctionCall{ID: id, Name: c.name, Args: gemArgsJSON(c.args.String())}}
+		if len(parts) == 0 {
+			s.sign(&p)
+		}
+		parts = append(parts, p)
+		s.sent[c.index] = true
+	}
+	s.open = keep
+	return parts
+}
+
+// Delta implements Stream. Text and thoughts are sent as they come; a function call is
+// sent whole when the next call starts or the stream ends.
+func (s *gemStream) Delta(d Delta) error {
+	if s.done {
+		return errors.New("gemini stream: delta after the end")
+	}
+	if d.Reasoning != "" {
+		s.unsigned.WriteString(d.Reasoning)
+		if s.includeThoughts {
+			if err := s.send([]gemPart{{Text: gemText(d.Reasoning), Thought: true}}, "", nil); err != nil {
+				return err
+			}
+		}
+	}
+	if d.Content != "" {
+		p := gemPart{Text: gemText(d.Content)}
+		s.sign(&p)
+		if err := s.send([]gemPart{p}, "", nil); err != nil {
+			return err
+		}
+	}
+	for _, tc := range d.ToolCalls {
+		if s.sent[tc.Index] {
+			return fmt.Errorf("gemini stream: fragment of tool call %d after it was sent", tc.Index)
+		}
+		var call *gemStreamCall
+		for _, c := range s.open {
+			if c.index == tc.Index {
+				call = c
+			}
+		}
+		if call == nil {
+			if done := s.take(tc.Index); len(done) > 0 {
+				if err := s.send(done, "", nil); err != nil {
+					return err
+				}
+			}
+			call = &gemStreamCall{index: tc.Index}
+			s.open = append(s.open, call)
+			sort.SliceStable(s.open, func(a, b int) bool { return s.open[a].index < s.open[b].index })
+		}
+		if call.id == "" {
+			call.id = tc.ID
+		}
+		if call.name == "" {
+			call.name = tc.Name
+		}
+		call.args.WriteString(tc.Arguments)
+	}
+	return nil
+}
+
+// End implements Stream: the remaining calls, finishReason and usage in one last event.
+func (s *gemStream) End(finishReason string, usage Usage) error {
+	if s.done {
+		return errors.New("gemini stream: ended twice")
+	}
+	s.done = true
+	parts := s.take(int(^uint(0) >> 1))
+	if s.unsigned.Len() > 0 {
+		p := gemPart{}
+		s.sign(&p)
+		parts = append(parts, p)
+	}
+	return s.send(parts, gemFinish(finishReason), gemUsageOf(usage))
+}
+
+// Fail implements Stream.
+func (s *gemStream) Fail(e *Error) error {
+	if s.done {
+		return errors.New("gemini stream: failed after the end")
+	}
+	s.done = true
+	_, body := gemErrorOf(e)
+	return s.sse.event("", body)
+}
+
+// ---- errors, models, counts ----
+
+// gemErrorOf renders err as Gemini's error body and its HTTP status.
+func gemErrorOf(e *Error) (int, gemErrorBody) {
+	if e == nil {
+		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "internal error"}
+	}
+	code, status, msg := e.Status, "", e.Message
+	switch e.Kind {
+	case ErrInvalidRequest, ErrTooLarge:
+		status = "INVALID_ARGUMENT"
+	case ErrAuthentication:
+		status = "UNAUTHENTICATED"
+	case ErrNotFound:
+		status = "NOT_FOUND"
+	case ErrContextLength:
+		// Gemini's own words, which harnesses look for.
+		code, status = http.StatusBadRequest, "INVALID_ARGUMENT"
+		switch {
+		case e.PromptTokens > 0 && e.MaxTokens > 0:
+			msg = fmt.Sprintf("The input token count (%d) exceeds the maximum number of tokens allowed (%d).", e.PromptTokens, e.MaxTokens)
+		case e.MaxTokens > 0:
+			msg = fmt.Sprintf("The input token count exceeds the maximum number of tokens allowed (%d).", e.MaxTokens)
+		default:
+			msg = "The input token count exceeds the maximum number of tokens allowed."
+		}
+	case ErrUpstreamUnavailable:
+		status = "UNAVAILABLE"
+	case ErrOverloaded:
+		status = "RESOURCE_EXHAUSTED"
+		if code == http.StatusServiceUnavailable {
+			status = "UNAVAILABLE"
+		}
+	case ErrInternal:
+		status = "INTERNAL"
+	}
+	if code == 0 {
+		code = map[string]int{
+			"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404,
+			"RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+		}[status]
+		if code == 0 {
+			code = http.StatusInternalServerError
+		}
+	}
+	if status == "" {
+		status = gemStatusFor(code)
+	}
+	return code, gemErrorBody{Error: gemErrorDetail{Code: code, Message: msg, Status: status}}
+}
+
+// gemStatusFor is Google's canonical status for an HTTP code.
+func gemStatusFor(code int) string {
+	switch code {
+	case 400, 413:
+		return "INVALID_ARGUMENT"
+	case 401:
+		return "UNAUTHENTICATED"
+	case 403:
+		return "PERMISSION_DENIED"
+	case 404:
+		return "NOT_FOUND"
+	case 429:
+		return "RESOURCE_EXHAUSTED"
+	case 503:
+		return "UNAVAILABLE"
+	case 504:
+		return "DEADLINE_EXCEEDED"
+	}
+	return "INTERNAL"
+}
+
+// WriteError implements Dialect.
+func (Gemini) WriteError(w http.ResponseWriter, err *Error) {
+	code, body := gemErrorOf(err)
+	_ = writeJSON(w, code, body)
+}
+
+type gemModel struct {
+	Name                       string   `json:"name"`
+	DisplayName                string   `json:"displayName"`
+	SupportedGenerationMethods []string `json:"supportedGenerationMethods"`
+}
+
+// WriteModels implements Dialect.
+func (Gemini) WriteModels(w http.ResponseWriter, models []string) {
+	list := make([]gemModel, 0, len(models))
+	for _, m := range models {
+		list = append(list, gemModel{
+			Name:                       "models/" + m,
+			DisplayName:                m,
+			SupportedGenerationMethods: []string{gemMethodGenerate, gemMethodStream, gemMethodCount},
+		})
+	}
+	_ = writeJSON(w, http.StatusOK, map[string]any{"models": list})
+}
+
+// WriteCount implements TokenCounter.
+func (Gemini) WriteCount(w http.ResponseWriter, req *Request, tokens int) {
+	_ = writeJSON(w, http.StatusOK, map[string]int{"totalTokens": tokens})
+}

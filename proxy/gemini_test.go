@@ -1,0 +1,771 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const gemPathGen = "/v1beta/models/gemini-2.5-pro:generateContent"
+
+func gemDecode(path, body string) (*Request, error) {
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	return Gemini{}.Decode(r, []byte(body))
+}
+
+// gemJSONEqual reports whether got, marshalled, is the same JSON value as want.
+func gemJSONEqual(t *testing.T, what string, got any, want string) {
+	t.Helper()
+	gb, err := json.Marshal(got)
+	if err != nil {
+		t.Fatalf("%s: marshal: %v", what, err)
+	}
+	var g, w any
+	if err := json.Unmarshal(gb, &g); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("%s: bad want: %v", what, err)
+	}
+	if !reflect.DeepEqual(g, w) {
+		t.Errorf("%s:\n got  %s\n want %s", what, gb, want)
+	}
+}
+
+var gemDecodeCases = []struct {
+	name, path, body string
+	want             string // JSON of Request.Chat
+	stream           bool
+	include          bool
+	method           string
+}{
+	{
+		name: "system instruction",
+		path: gemPathGen,
+		body: `{"systemInstruction":{"role":"user","parts":[{"text":"You are floe."},{"text":"Be brief."}]},
+			"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[
+			{"role":"system","content":"You are floe.\nBe brief."},
+			{"role":"user","content":"hi"}]}`,
+	},
+	{
+		name: "function calls without ids, responses matched by name",
+		path: gemPathGen,
+		body: `{"contents":[
+			{"role":"user","parts":[{"text":"look"}]},
+			{"role":"model","parts":[{"text":"Let me look."},
+				{"functionCall":{"name":"ls","args":{"path":".","all":true}}},
+				{"functionCall":{"name":"read_file","args":{"file_path":"a.go"}}}]},
+			{"role":"user","parts":[
+				{"functionResponse":{"name":"read_file","response":{"output":"package a"}}},
+				{"functionResponse":{"name":"ls","response":{"output":"a.go"}}}]},
+			{"role":"model","parts":[{"text":"done"}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[
+			{"role":"user","content":"look"},
+			{"role":"assistant","content":"Let me look.","tool_calls":[
+				{"id":"call_1_0","type":"function","function":{"name":"ls","arguments":"{\"path\":\".\",\"all\":true}"}},
+				{"id":"call_1_1","type":"function","function":{"name":"read_file","arguments":"{\"file_path\":\"a.go\"}"}}]},
+			{"role":"tool","content":"{\"output\":\"package a\"}","tool_call_id":"call_1_1"},
+			{"role":"tool","content":"{\"output\":\"a.go\"}","tool_call_id":"call_1_0"},
+			{"role":"assistant","content":"done"}]}`,
+	},
+	{
+		name: "function calls with ids, responses followed by user text",
+		path: gemPathGen,
+		body: `{"contents":[
+			{"role":"user","parts":[{"text":"go"}]},
+			{"role":"model","parts":[{"functionCall":{"id":"fc-a","name":"ls","args":{}}},{"functionCall":{"id":"fc-b","name":"ls"}}]},
+			{"role":"user","parts":[{"text":"also this"},
+				{"functionResponse":{"id":"fc-b","name":"ls","response":{"output":"b"}}},
+				{"functionResponse":{"id":"fc-a","name":"ls","response":{"error":"denied"}}}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[
+			{"role":"user","content":"go"},
+			{"role":"assistant","content":"","tool_calls":[
+				{"id":"fc-a","type":"function","function":{"name":"ls","arguments":"{}"}},
+				{"id":"fc-b","type":"function","function":{"name":"ls","arguments":"{}"}}]},
+			{"role":"tool","content":"{\"output\":\"b\"}","tool_call_id":"fc-b"},
+			{"role":"tool","content":"{\"error\":\"denied\"}","tool_call_id":"fc-a"},
+			{"role":"user","content":"also this"}]}`,
+	},
+	{
+		name: "arguments and responses re-encoded as UTF-8, order and numbers kept",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"text":"q"}]},
+			{"role":"model","parts":[{"functionCall":{"name":"w","args":{"z": "\u00fc\u003c", "a": [1.50, 2e3, null, true]}}}]},
+			{"role":"user","parts":[{"functionResponse":{"name":"w","response":{"output": "line1\nl\u00eene2 \"q\" <b>&", "n": -0.0}}}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":"","tool_calls":[{"id":"call_1_0","type":"function","function":{"name":"w","arguments":"{\"z\":\"ü<\",\"a\":[1.50,2e3,null,true]}"}}]},
+			{"role":"tool","content":"{\"output\":\"line1\\nlîne2 \\\"q\\\" <b>&\",\"n\":-0.0}","tool_call_id":"call_1_0"}]}`,
+	},
+	{
+		name: "unmatched function response gets its own id",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"functionResponse":{"name":"x","response":null}}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"tool","content":"{}","tool_call_id":"call_0_0"}]}`,
+	},
+	{
+		name: "thought parts become reasoning",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"text":"q"}]},
+			{"role":"model","parts":[{"text":"step 1. ","thought":true},{"text":"step 2.","thought":true},{"text":"ans"},{"text":"wer"}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":"answer","reasoning_content":"step 1. step 2."}]}`,
+	},
+	{
+		name: "floe signature restores dropped reasoning; foreign signatures ignored",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"text":"q"}]},
+			{"role":"model","parts":[{"text":"answer","thoughtSignature":"` + gemSignature("exact\n reasoning ") + `"},
+				{"functionCall":{"name":"f","args":{}},"thoughtSignature":"skip_thought_signature_validator"}]},
+			{"role":"user","parts":[{"functionResponse":{"name":"f","response":{}}}]},
+			{"role":"model","parts":[{"text":"summ","thought":true},{"text":"x","thoughtSignature":"` + gemSignature("full") + `"}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":"answer","reasoning_content":"exact\n reasoning ","tool_calls":[
+				{"id":"call_1_0","type":"function","function":{"name":"f","arguments":"{}"}}]},
+			{"role":"tool","content":"{}","tool_call_id":"call_1_0"},
+			{"role":"assistant","content":"x","reasoning_content":"full"}]}`,
+	},
+	{
+		name: "inline image, file image, other media placeholder",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"text":"what is this"},
+			{"inlineData":{"mimeType":"image/png","data":"iVBORw0KGgo="}},
+			{"fileData":{"mimeType":"image/jpeg","fileUri":"https://x/y.jpg"}},
+			{"inlineData":{"mimeType":"application/pdf","data":"JVBERi0="}}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":[
+			{"type":"text","text":"what is this"},
+			{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}},
+			{"type":"image_url","image_url":{"url":"https://x/y.jpg"}},
+			{"type":"text","text":"[application/pdf content omitted: only text and images are forwarded]"}]}]}`,
+	},
+	{
+		name: "function declarations kept, other tools dropped, Gemini schema lower-cased",
+		path: gemPathGen,
+		body: `{"contents":[{"role":"user","parts":[{"text":"hi"}]}],
+			"tools":[{"googleSearch":{}},{"codeExecution":{}},{"urlContext":{}},
+				{"functionDeclarations":[
+					{"name":"read_file","description":"Reads a file.","parameters":{"type":"OBJECT","properties":{"path":{"type":"STRING"},"lines":{"type":"ARRAY","items":{"type":"INTEGER"}}},"required":["path"]}},
+					{"name":"grep","parametersJsonSchema":{"type":"object","properties":{"pattern":{"type":"string"}},"additionalProperties":false}},
+					{"name":"noargs"}]}]}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],"tools":[
+			{"type":"function","function":{"name":"read_file","description":"Reads a file.","parameters":{"type":"object","properties":{"path":{"type":"string"},"lines":{"type":"array","items":{"type":"integer"}}},"required":["path"]}}},
+			{"type":"function","function":{"name":"grep","parameters":{"type":"object","properties":{"pattern":{"type":"string"}},"additionalProperties":false}}},
+			{"type":"function","function":{"name":"noargs"}}]}`,
+	},
+	{
+		name: "mode AUTO",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"tools":[{"functionDeclarations":[{"name":"f"}]}],
+			"toolConfig":{"functionCallingConfig":{"mode":"AUTO"}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],
+			"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto"}`,
+	},
+	{
+		name: "mode ANY",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"tools":[{"functionDeclarations":[{"name":"f"},{"name":"g"}]}],
+			"toolConfig":{"functionCallingConfig":{"mode":"ANY","allowedFunctionNames":["f","g"]}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],
+			"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":"required"}`,
+	},
+	{
+		name: "mode ANY with one allowed name",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"tools":[{"functionDeclarations":[{"name":"f"},{"name":"g"}]}],
+			"toolConfig":{"functionCallingConfig":{"mode":"ANY","allowedFunctionNames":["g"]}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],
+			"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],
+			"tool_choice":{"type":"function","function":{"name":"g"}}}`,
+	},
+	{
+		name: "mode NONE",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"tools":[{"functionDeclarations":[{"name":"f"}]}],
+			"toolConfig":{"functionCallingConfig":{"mode":"NONE"}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],
+			"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}`,
+	},
+	{
+		name: "mode without function tools is not forwarded",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"tools":[{"googleSearch":{}}],
+			"toolConfig":{"functionCallingConfig":{"mode":"ANY"}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}]}`,
+	},
+	{
+		name: "generation config and thinkingBudget 0",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":1024,"temperature":0.5,
+			"topP":0.9,"topK":40,"stopSequences":["END"],"candidateCount":2,
+			"thinkingConfig":{"thinkingBudget":0,"includeThoughts":true}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1024,
+			"temperature":0.5,"top_p":0.9,"stop":["END"],"n":2,"chat_template_kwargs":{"enable_thinking":false}}`,
+		include: true,
+	},
+	{
+		name: "dynamic thinking budget leaves thinking on",
+		path: gemPathGen,
+		body: `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"thinkingConfig":{"thinkingBudget":-1,"includeThoughts":false}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"hi"}]}`,
+	},
+	{
+		name: "snake_case body",
+		path: gemPathGen,
+		body: `{"system_instruction":{"parts":[{"text":"sys"}]},"contents":[{"role":"user","parts":[{"text":"hi"},
+			{"inline_data":{"mime_type":"image/png","data":"AA=="}}]},
+			{"role":"model","parts":[{"function_call":{"name":"f","args":{"file_path":"x"}}}]},
+			{"role":"user","parts":[{"function_response":{"name":"f","response":{"some_key":1}}}]}],
+			"tools":[{"function_declarations":[{"name":"f","parameters":{"type":"OBJECT","properties":{"file_path":{"type":"STRING"}}}}]}],
+			"tool_config":{"function_calling_config":{"mode":"ANY","allowed_function_names":["f"]}},
+			"generation_config":{"max_output_tokens":5,"thinking_config":{"include_thoughts":true}}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"system","content":"sys"},
+			{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="}}]},
+			{"role":"assistant","content":"","tool_calls":[{"id":"call_1_0","type":"function","function":{"name":"f","arguments":"{\"file_path\":\"x\"}"}}]},
+			{"role":"tool","content":"{\"some_key\":1}","tool_call_id":"call_1_0"}],
+			"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"file_path":{"type":"string"}}}}}],
+			"tool_choice":{"type":"function","function":{"name":"f"}},"max_completion_tokens":5}`,
+		include: true,
+	},
+	{
+		name:   "streamGenerateContent with alt=sse",
+		path:   "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+		body:   `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`,
+		want:   `{"model":"gemini-2.5-flash","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		stream: true,
+		method: gemMethodStream,
+	},
+	{
+		name:   "streamGenerateContent without alt",
+		path:   "/v1/models/m1:streamGenerateContent",
+		body:   `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`,
+		want:   `{"model":"m1","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		stream: true,
+		method: gemMethodStream,
+	},
+	{
+		name: "tuned model",
+		path: "/v1beta/tunedModels/my-tune:generateContent",
+		body: `{"contents":[{"parts":[{"text":"hi"}]}]}`,
+		want: `{"model":"my-tune","messages":[{"role":"user","content":"hi"}]}`,
+	},
+	{
+		name: "vertex-style path",
+		path: "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.0:generateContent",
+		body: `{"contents":[{"parts":[{"text":"hi"}]}]}`,
+		want: `{"model":"gemini-2.0","messages":[{"role":"user","content":"hi"}]}`,
+	},
+	{
+		name:   "countTokens with contents",
+		path:   "/v1beta/models/gemini-2.5-pro:countTokens",
+		body:   `{"contents":[{"role":"user","parts":[{"text":"count me"}]}]}`,
+		want:   `{"model":"gemini-2.5-pro","messages":[{"role":"user","content":"count me"}]}`,
+		method: gemMethodCount,
+	},
+	{
+		name: "countTokens with generateContentRequest",
+		path: "/v1beta/models/gemini-2.5-pro:countTokens",
+		body: `{"generateContentRequest":{"model":"models/gemini-2.5-pro","systemInstruction":{"parts":[{"text":"s"}]},
+			"contents":[{"role":"user","parts":[{"text":"count me"}]}],"tools":[{"functionDeclarations":[{"name":"f"}]}]}}`,
+		want: `{"model":"gemini-2.5-pro","messages":[{"role":"system","content":"s"},{"role":"user","content":"count me"}],
+			"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		method: gemMethodCount,
+	},
+}
+
+func TestGeminiDecode(t *testing.T) {
+	for _, tc := range gemDecodeCases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := gemDecode(tc.path, tc.body)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			gemJSONEqual(t, "chat", req.Chat, tc.want)
+			if req.Stream != tc.stream {
+				t.Errorf("Stream = %v, want %v", req.Stream, tc.stream)
+			}
+			if req.Model != req.Chat.Model || req.Model == "" {
+				t.Errorf("Model = %q, Chat.Model = %q", req.Model, req.Chat.Model)
+			}
+			st, ok := req.State.(*gemState)
+			if !ok {
+				t.Fatalf("State = %T", req.State)
+			}
+			method := tc.method
+			if method == "" {
+				method = gemMethodGenerate
+			}
+			if st.Method != method || st.IncludeThoughts != tc.include {
+				t.Errorf("State = %+v, want method %s include %v", *st, method, tc.include)
+			}
+		})
+	}
+}
+
+func TestGeminiDecodeErrors(t *testing.T) {
+	ok := `{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}`
+	cases := []struct{ name, path, body, want string }{
+		{"malformed JSON", gemPathGen, `{"contents":[`, "invalid JSON"},
+		{"empty body", gemPathGen, ``, "contents"},
+		{"missing contents", gemPathGen, `{"systemInstruction":{"parts":[{"text":"s"}]}}`, "contents: required"},
+		{"empty contents", gemPathGen, `{"contents":[]}`, "contents: required"},
+		{"count without contents", "/v1beta/models/m:countTokens", `{"generateContentRequest":{"model":"m"}}`, "generateContentRequest.contents: required"},
+		{"contents not an array", gemPathGen, `{"contents":"hi"}`, "contents: expected an array"},
+		{"text not a string", gemPathGen, `{"contents":[{"parts":[{"text":5}]}]}`, "contents.parts.text: expected a string"},
+		{"body not an object", gemPathGen, `[1]`, "expected a JSON object"},
+		{"bad role", gemPathGen, `{"contents":[{"parts":[{"text":"a"}]},{"role":"bot","parts":[{"text":"a"}]}]}`, `contents[1].role: "bot"`},
+		{"function call without name", gemPathGen, `{"contents":[{"parts":[{"text":"a"}]},{"role":"model","parts":[{"text":"a"},{"functionCall":{"args":{}}}]}]}`, "contents[1].parts[1].functionCall.name: required"},
+		{"declaration without name", gemPathGen, `{"contents":[{"parts":[{"text":"a"}]}],"tools":[{"functionDeclarations":[{"name":"f"},{"description":"d"}]}]}`, "tools[0].functionDeclarations[1].name: required"},
+		{"bad mode", gemPathGen, `{"contents":[{"parts":[{"text":"a"}]}],"toolConfig":{"functionCallingConfig":{"mode":"SOMETIMES"}}}`, "toolConfig.functionCallingConfig.mode"},
+		{"bad generation config", gemPathGen, `{"contents":[{"parts":[{"text":"a"}]}],"generationConfig":{"maxOutputTokens":"many"}}`, "generationConfig.maxOutputTokens: expected a number"},
+		{"no method", "/v1beta/models/gemini-2.5-pro", ok, "path"},
+		{"empty model", "/v1beta/models/:generateContent", ok, "path"},
+		{"no models segment", "/v1beta/gemini:generateContent", ok, "path"},
+		{"unsupported method", "/v1beta/models/m:embedContent", ok, `unsupported method "embedContent"`},
+		{"model with slash", "/v1beta/models/a/b:generateContent", ok, "path"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := gemDecode(tc.path, tc.body)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("err = %v (%T), want *Error", err, err)
+			}
+			if e.Status != http.StatusBadRequest || e.Kind != ErrInvalidRequest {
+				t.Errorf("err = %+v, want 400 invalid_request", e)
+			}
+			if !strings.Contains(e.Message, tc.want) {
+				t.Errorf("message %q does not contain %q", e.Message, tc.want)
+			}
+		})
+	}
+}
+
+func gemTestRequest(include bool) *Request {
+	return &Request{Model: "gemini-2.5-pro", State: &gemState{Method: gemMethodGenerate, IncludeThoughts: include}}
+}
+
+func TestGeminiWriteResponse(t *testing.T) {
+	usage := Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}
+	usageJSON := `"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15},"modelVersion":"gemini-2.5-pro","responseId":"r1"`
+	cases := []struct {
+		name    string
+		include bool
+		choice  Choice
+		want    string
+	}{
+		{
+			name:   "text",
+			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "Hello."}, FinishReason: FinishStop},
+			want:   `{"candidates":[{"content":{"role":"model","parts":[{"text":"Hello."}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
+		},
+		{
+			name:    "thought and text",
+			include: true,
+			choice:  Choice{Message: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: FinishStop},
+			want: `{"candidates":[{"content":{"role":"model","parts":[{"text":"think","thought":true},
+				{"text":"42","thoughtSignature":"` + gemSignature("think") + `"}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
+		},
+		{
+			name:   "thoughts not included: signature only",
+			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: FinishStop},
+			want: `{"candidates":[{"content":{"role":"model","parts":[
+				{"text":"42","thoughtSignature":"` + gemSignature("think") + `"}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
+		},
+		{
+			name:    "parallel function calls",
+			include: true,
+			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "", ReasoningContent: "r", ToolCalls: []ChatToolCall{
+				{ID: "c1", Type: "function", Function: ChatFunctionCall{Name: "ls", Arguments: `{"path": "."}`}},
+				{ID: "c2", Type: "function", Function: ChatFunctionCall{Name: "read_file", Arguments: `{"file_path":"a.go","n":[1,2]}`}},
+				{ID: "c3", Type: "function", Function: ChatFunctionCall{Name: "noargs", Arguments: ``}},
+			}}, FinishReason: FinishToolCalls},
+			want: `{"candidates":[{"content":{"role":"model","parts":[{"text":"r","thought":true},
+				{"functionCall":{"id":"c1","name":"ls","args":{"path":"."}},"thoughtSignature":"` + gemSignature("r") + `"},
+				{"functionCall":{"id":"c2","name":"read_file","args":{"file_path":"a.go","n":[1,2]}}},
+				{"functionCall":{"id":"c3","name":"noargs","args":{}}}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
+		},
+		{
+			name:   "max tokens inside reasoning",
+			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "", ReasoningContent: "long"}, FinishReason: FinishLength},
+			want: `{"candidates":[{"content":{"role":"model","parts":[{"thoughtSignature":"` + gemSignature("long") + `"}]},
+				"finishReason":"MAX_TOKENS","index":0}],` + usageJSON + `}`,
+		},
+		{
+			name:   "empty",
+			choice: Choice{Message: ChatMessage{Role: "assistant", Content: ""}, FinishReason: "abort"},
+			want:   `{"candidates":[{"content":{"role":"model","parts":[{"text":""}]},"finishReason":"OTHER","index":0}],` + usageJSON + `}`,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			err := Gemini{}.WriteResponse(rec, gemTestRequest(tc.include), &Response{ID: "r1", Choices: []Choice{tc.choice}, Usage: usage})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != 200 || rec.Header().Get("Content-Type") != "application/json" {
+				t.Errorf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
+			}
+			gemJSONEqual(t, "body", json.RawMessage(rec.Body.Bytes()), tc.want)
+		})
+	}
+}
+
+// gemSSEEvents parses a recorded SSE body into its data payloads.
+func gemSSEEvents(t *testing.T, body string) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var data []string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if data != nil {
+				out = append(out, strings.Join(data, "\n"))
+				data = nil
+			}
+		case strings.HasPrefix(line, "data: "):
+			data = append(data, strings.TrimPrefix(line, "data: "))
+		default:
+			t.Errorf("unexpected SSE line %q", line)
+		}
+	}
+	if data != nil {
+		t.Errorf("unterminated event %q", data)
+	}
+	return out
+}
+
+// gemDecodeStrict decodes a GenerateContentResponse, refusing unknown fields.
+func gemDecodeStrict(t *testing.T, data string) gemResponse {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(data))
+	dec.DisallowUnknownFields()
+	var r gemResponse
+	if err := dec.Decode(&r); err != nil {
+		t.Fatalf("event %s: %v", data, err)
+	}
+	if len(r.Candidates) != 1 || r.Candidates[0].Content.Role != "model" || len(r.Candidates[0].Content.Parts) == 0 {
+		t.Fatalf("event %s: want one model candidate with parts", data)
+	}
+	return r
+}
+
+func TestGeminiStream(t *testing.T) {
+	for _, include := range []bool{true, false} {
+		rec := httptest.NewRecorder()
+		s := Gemini{}.NewStream(rec, gemTestRequest(include))
+		deltas := []Delta{
+			{Reasoning: "Let me "},
+			{Reasoning: "think."},
+			{Content: "I'll look."},
+			{Content: " Now."},
+			{ToolCalls: []ToolCallDelta{{Index: 0, ID: "c0", Name: "ls", Arguments: `{"pa`}}},
+			{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `th": "."}`}}},
+			{ToolCalls: []ToolCallDelta{{Index: 1, ID: "c1", Name: "read_file"}}},
+			{ToolCalls: []ToolCallDelta{{Index: 1, Arguments: `{"file_path":`}}},
+			{ToolCalls: []ToolCallDelta{{Index: 1, Arguments: ` "a.go"}`}}},
+		}
+		for _, d := range deltas {
+			if err := s.Delta(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.End(FinishToolCalls, Usage{PromptTokens: 7, CompletionTokens: 9, TotalTokens: 16}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delta(Delta{Content: "late"}); err == nil {
+			t.Error("Delta after End: want an error")
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "text/event-stream" {
+			t.Errorf("content type %q", ct)
+		}
+
+		events := gemSSEEvents(t, rec.Body.String())
+		var thoughts, text strings.Builder
+		var calls []gemFunctionCall
+		var history []gemPart // what Gemini CLI keeps: non-thought parts
+		var last gemResponse
+		for i, ev := range events {
+			r := gemDecodeStrict(t, ev)
+			c := r.Candidates[0]
+			if r.ModelVersion != "gemini-2.5-pro" || r.ResponseID == "" {
+				t.Errorf("event %d: modelVersion %q responseId %q", i, r.ModelVersion, r.ResponseID)
+			}
+			if (c.FinishReason != "") != (i == len(events)-1) || (r.UsageMetadata != nil) != (i == len(events)-1) {
+				t.Errorf("event %d of %d: finishReason %q usage %v", i, len(events), c.FinishReason, r.UsageMetadata)
+			}
+			for _, p := range c.Content.Parts {
+				switch {
+				case p.Thought:
+					thoughts.WriteString(*p.Text)
+				case p.FunctionCall != nil:
+					calls = append(calls, *p.FunctionCall)
+				case p.Text != nil:
+					text.WriteString(*p.Text)
+				}
+				if !p.Thought {
+					history = append(history, p)
+				}
+			}
+			last = r
+		}
+		wantThoughts := ""
+		if include {
+			wantThoughts = "Let me think."
+		}
+		if thoughts.String() != wantThoughts || text.String() != "I'll look. Now." {
+			t.Errorf("include=%v: thoughts %q text %q", include, thoughts.String(), text.String())
+		}
+		gemJSONEqual(t, "calls", calls, `[{"id":"c0","name":"ls","args":{"path":"."}},{"id":"c1","name":"read_file","args":{"file_path":"a.go"}}]`)
+		if c := last.Candidates[0]; c.FinishReason != "STOP" || *last.UsageMetadata != (gemUsage{7, 9, 16}) {
+			t.Errorf("last event: %+v %+v", c, last.UsageMetadata)
+		}
+		// The harness sends the non-thought parts back: floe's signature restores the reasoning.
+		next, _ := json.Marshal(gemRequest{Contents: []gemContent{
+			{Role: "user", Parts: []gemPart{{Text: gemText("q")}}},
+			{Role: "model", Parts: history},
+		}})
+		req, err := gemDecode(gemPathGen, string(next))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gemJSONEqual(t, "replayed turn", req.Chat.Messages[1], `{"role":"assistant","content":"I'll look. Now.","reasoning_content":"Let me think.",
+			"tool_calls":[{"id":"c0","type":"function","function":{"name":"ls","arguments":"{\"path\":\".\"}"}},
+				{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"file_path\":\"a.go\"}"}}]}`)
+	}
+}
+
+func TestGeminiStreamCallsWhole(t *testing.T) {
+	rec := httptest.NewRecorder()
+	s := Gemini{}.NewStream(rec, gemTestRequest(false))
+	steps := []Delta{
+		{Reasoning: "plan"},
+		{ToolCalls: []ToolCallDelta{{Index: 0, ID: "a", Name: "f", Arguments: `{"x":`}}},
+		{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `1}`}}},
+		{ToolCalls: []ToolCallDelta{{Index: 1, ID: "b", Name: "g", Arguments: `{}`}}},
+	}
+	var counts []int
+	for _, d := range steps {
+		if err := s.Delta(d); err != nil {
+			t.Fatal(err)
+		}
+		counts = append(counts, len(gemSSEEvents(t, rec.Body.String())))
+	}
+	// Nothing is sent while call 0 is incomplete (thoughts are not included); it goes out
+	// whole, with the reasoning's signature, when call 1 starts.
+	if !reflect.DeepEqual(counts, []int{0, 0, 0, 1}) {
+		t.Errorf("events after each delta: %v", counts)
+	}
+	if err := s.Delta(Delta{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: "x"}}}); err == nil {
+		t.Error("fragment of a sent call: want an error")
+	}
+	if err := s.End(FinishToolCalls, Usage{}); err != nil {
+		t.Fatal(err)
+	}
+	events := gemSSEEvents(t, rec.Body.String())
+	if len(events) != 2 {
+		t.Fatalf("events: %q", events)
+	}
+	first, last := gemDecodeStrict(t, events[0]), gemDecodeStrict(t, events[1])
+	gemJSONEqual(t, "first", first.Candidates[0].Content.Parts, `[{"functionCall":{"id":"a","name":"f","args":{"x":1}},"thoughtSignature":"`+gemSignature("plan")+`"}]`)
+	gemJSONEqual(t, "last", last.Candidates[0].Content.Parts, `[{"functionCall":{"id":"b","name":"g","args":{}}}]`)
+
+	// Reasoning and nothing else: the signature rides alone on the last event.
+	rec = httptest.NewRecorder()
+	s = Gemini{}.NewStream(rec, gemTestRequest(true))
+	_ = s.Delta(Delta{Reasoning: "hmm"})
+	_ = s.End(FinishLength, Usage{PromptTokens: 1, CompletionTokens: 2})
+	events = gemSSEEvents(t, rec.Body.String())
+	last = gemDecodeStrict(t, events[len(events)-1])
+	gemJSONEqual(t, "reasoning only", last.Candidates[0], `{"content":{"role":"model","parts":[{"thoughtSignature":"`+gemSignature("hmm")+`"}]},"finishReason":"MAX_TOKENS","index":0}`)
+	if *last.UsageMetadata != (gemUsage{1, 2, 3}) {
+		t.Errorf("usage %+v", last.UsageMetadata)
+	}
+}
+
+func TestGeminiStreamFail(t *testing.T) {
+	rec := httptest.NewRecorder()
+	s := Gemini{}.NewStream(rec, gemTestRequest(true))
+	_ = s.Delta(Delta{Content: "par"})
+	if err := s.Fail(&Error{Status: 503, Kind: ErrUpstreamUnavailable, Message: "engine down"}); err != nil {
+		t.Fatal(err)
+	}
+	events := gemSSEEvents(t, rec.Body.String())
+	if len(events) != 2 {
+		t.Fatalf("events %q", events)
+	}
+	gemJSONEqual(t, "error event", json.RawMessage(events[1]), `{"error":{"code":503,"message":"engine down","status":"UNAVAILABLE"}}`)
+	if s.End(FinishStop, Usage{}) == nil {
+		t.Error("End after Fail: want an error")
+	}
+}
+
+// TestGeminiRoundTrip: an answer written as Gemini JSON and sent back as the model turn
+// of the next request decodes to the same assistant message.
+func TestGeminiRoundTrip(t *testing.T) {
+	msgs := []ChatMessage{
+		{Role: "assistant", Content: "plain"},
+		{Role: "assistant", Content: "with reasoning", ReasoningContent: "because\n\n it is "},
+		{Role: "assistant", Content: "", ReasoningContent: "call two", ToolCalls: []ChatToolCall{
+			{ID: "x1", Type: "function", Function: ChatFunctionCall{Name: "ls", Arguments: `{"path":".","deep":{"a":[1,"b"]}}`}},
+			{ID: "x2", Type: "function", Function: ChatFunctionCall{Name: "run_shell_command", Arguments: `{"command":"go test ./...","description":"ünïcode"}`}},
+		}},
+		{Role: "assistant", Content: "text then call", ToolCalls: []ChatToolCall{
+			{ID: "y", Type: "function", Function: ChatFunctionCall{Name: "f", Arguments: `{}`}}}},
+	}
+	for _, include := range []bool{true, false} {
+		for i, m := range msgs {
+			rec := httptest.NewRecorder()
+			res := &Response{ID: "r", Choices: []Choice{{Message: m, FinishReason: FinishStop}}}
+			if err := (Gemini{}).WriteResponse(rec, gemTestRequest(include), res); err != nil {
+				t.Fatal(err)
+			}
+			var out gemResponse
+			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+				t.Fatal(err)
+			}
+			turn := out.Candidates[0].Content
+			if !include {
+				for _, p := range turn.Parts {
+					if p.Thought {
+						t.Errorf("thought part sent without includeThoughts: %+v", p)
+					}
+				}
+			}
+			body, _ := json.Marshal(map[string]any{"contents": []any{
+				map[string]any{"role": "user", "parts": []any{map[string]any{"text": "go"}}},
+				turn,
+			}})
+			req, err := gemDecode(gemPathGen, string(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.Chat.Messages[1]; !reflect.DeepEqual(got, m) {
+				t.Errorf("include=%v msg %d:\n got  %+v\n want %+v", include, i, got, m)
+			}
+		}
+	}
+}
+
+func TestGeminiWriteError(t *testing.T) {
+	cases := []struct {
+		err  *Error
+		code int
+		want string
+	}{
+		{&Error{Status: 400, Kind: ErrInvalidRequest, Message: "contents: required"}, 400,
+			`{"error":{"code":400,"message":"contents: required","status":"INVALID_ARGUMENT"}}`},
+		{&Error{Status: 401, Kind: ErrAuthentication, Message: "bad key"}, 401,
+			`{"error":{"code":401,"message":"bad key","status":"UNAUTHENTICATED"}}`},
+		{&Error{Status: 404, Kind: ErrNotFound, Message: "no model"}, 404,
+			`{"error":{"code":404,"message":"no model","status":"NOT_FOUND"}}`},
+		{&Error{Status: 429, Kind: ErrOverloaded, Message: "busy"}, 429,
+			`{"error":{"code":429,"message":"busy","status":"RESOURCE_EXHAUSTED"}}`},
+		{&Error{Status: 503, Kind: ErrOverloaded, Message: "busy"}, 503,
+			`{"error":{"code":503,"message":"busy","status":"UNAVAILABLE"}}`},
+		{&Error{Status: 502, Kind: ErrUpstreamUnavailable, Message: "down"}, 502,
+			`{"error":{"code":502,"message":"down","status":"UNAVAILABLE"}}`},
+		{&Error{Kind: ErrInternal, Message: "oops"}, 500,
+			`{"error":{"code":500,"message":"oops","status":"INTERNAL"}}`},
+		{&Error{Status: 413, Kind: ErrTooLarge, Message: "big"}, 413,
+			`{"error":{"code":413,"message":"big","status":"INVALID_ARGUMENT"}}`},
+		{&Error{Status: 400, Kind: ErrContextLength, Message: "vllm words", PromptTokens: 40000, MaxTokens: 32768}, 400,
+			`{"error":{"code":400,"message":"The input token count (40000) exceeds the maximum number of tokens allowed (32768).","status":"INVALID_ARGUMENT"}}`},
+		{&Error{Status: 413, Kind: ErrContextLength, Message: "vllm words", MaxTokens: 32768}, 400,
+			`{"error":{"code":400,"message":"The input token count exceeds the maximum number of tokens allowed (32768).","status":"INVALID_ARGUMENT"}}`},
+		{&Error{Status: 403, Kind: "other", Message: "no"}, 403,
+			`{"error":{"code":403,"message":"no","status":"PERMISSION_DENIED"}}`},
+	}
+	for _, tc := range cases {
+		rec := httptest.NewRecorder()
+		Gemini{}.WriteError(rec, tc.err)
+		if rec.Code != tc.code {
+			t.Errorf("%v: status %d, want %d", tc.err, rec.Code, tc.code)
+		}
+		gemJSONEqual(t, tc.err.Error(), json.RawMessage(rec.Body.Bytes()), tc.want)
+	}
+}
+
+func TestGeminiModelsAndCount(t *testing.T) {
+	rec := httptest.NewRecorder()
+	Gemini{}.WriteModels(rec, []string{"qwen3-8b", "gemini-2.5-pro"})
+	gemJSONEqual(t, "models", json.RawMessage(rec.Body.Bytes()), `{"models":[
+		{"name":"models/qwen3-8b","displayName":"qwen3-8b","supportedGenerationMethods":["generateContent","streamGenerateContent","countTokens"]},
+		{"name":"models/gemini-2.5-pro","displayName":"gemini-2.5-pro","supportedGenerationMethods":["generateContent","streamGenerateContent","countTokens"]}]}`)
+	rec = httptest.NewRecorder()
+	Gemini{}.WriteModels(rec, nil)
+	gemJSONEqual(t, "no models", json.RawMessage(rec.Body.Bytes()), `{"models":[]}`)
+
+	req, err := gemDecode("/v1beta/models/m:countTokens", `{"contents":[{"parts":[{"text":"x"}]}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = httptest.NewRecorder()
+	Gemini{}.WriteCount(rec, req, 123)
+	gemJSONEqual(t, "count", json.RawMessage(rec.Body.Bytes()), `{"totalTokens":123}`)
+	if Gemini.Name(Gemini{}) != "gemini" {
+		t.Error("Name")
+	}
+}
+
+func TestGeminiSignature(t *testing.T) {
+	for _, r := range []string{"", "a", "multi\nline ünïcode 🙂 ??>>", "\xff\xfe\xfd", strings.Repeat("x", 10000)} {
+		sig := gemSignature(r)
+		raw := []byte(gemSignaturePrefix + r)
+		for _, s := range []string{sig, base64.URLEncoding.EncodeToString(raw), base64.RawURLEncoding.EncodeToString(raw), base64.RawStdEncoding.EncodeToString(raw)} {
+			got, ok := gemReadSignature(s)
+			if !ok || got != r {
+				t.Errorf("signature %q of %q restored %q %v", s, r, got, ok)
+			}
+		}
+	}
+	for _, s := range []string{"", "skip_thought_signature_validator", "ZmxvZTEu!!!", "CiQB0e2Kb3k="} {
+		if _, ok := gemReadSignature(s); ok {
+			t.Errorf("%q read as floe's", s)
+		}
+	}
+}
+
+func FuzzGeminiDecode(f *testing.F) {
+	for _, tc := range gemDecodeCases {
+		f.Add(uint8(0), []byte(tc.body))
+	}
+	f.Add(uint8(1), []byte(`{"contents":[{"role":"model","parts":[{"functionCall":{"name":"f","args":[1]}}]}]}`))
+	f.Add(uint8(2), []byte(`{"generateContentRequest":{"contents":[{"parts":[{"text":"a","thoughtSignature":"ZmxvZTEuYQ=="}]}]}}`))
+	f.Add(uint8(0), []byte(`{"contents":[{"parts":[{"text":"a"}]}],"tools":[{"functionDeclarations":[{"name":"f","parameters":{"type":"OBJECT","properties":{"a":{"anyOf":[{"type":"STRING"}]}},"items":3}}]}]}`))
+	paths := []string{gemPathGen, "/v1beta/models/m:streamGenerateContent?alt=sse", "/v1beta/models/m:countTokens"}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		r := httptest.NewRequest(http.MethodPost, paths[int(which)%len(paths)], bytes.NewReader(body))
+		req, err := Gemini{}.Decode(r, body)
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || e.Status != 400 || e.Kind != ErrInvalidRequest {
+				t.Fatalf("error %v is not a 400 *Error", err)
+			}
+			return
+		}
+		if _, err := json.Marshal(req.Chat); err != nil {
+			t.Fatalf("normalized request does not marshal: %v", err)
+		}
+		// Answer with what was asked, to exercise the writers too.
+		var res Response
+		for _, m := range req.Chat.Messages {
+			if m.Role == "assistant" {
+				res.Choices = append(res.Choices, Choice{Message: m})
+			}
+		}
+		if err := (Gemini{}).WriteResponse(httptest.NewRecorder(), req, &res); err != nil {
+			t.Fatalf("WriteResponse: %v", err)
+		}
+	})
+}
