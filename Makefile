@@ -5,6 +5,7 @@
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
+#   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    floe bench
 
@@ -19,7 +20,7 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py go-deps venv bench bench-report bench-flight lint fuzz clean
+.PHONY: all demo test test-go test-py go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
 
 all: test
 
@@ -72,8 +73,15 @@ bench-report:
 bench-flight: venv
 	$(VPY) benchmarks/flight_bench.py --out benchmarks/results/flight/REPORT.md
 
+# Proxy overhead against a zero-latency fake upstream.
+bench-proxy:
+	$(GO) run ./cmd/floe bench-proxy -out benchmarks/results/proxy/REPORT.md
+
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/
+	for f in FuzzReadSSE FuzzChatDecode FuzzAnthropicDecode FuzzResponsesDecode FuzzGeminiDecode; do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./proxy/ || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) $(BRIDGE)/src/*.egg-info

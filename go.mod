@@ -4,12 +4,12 @@ go 1.26.0
 
 require (
 	github.com/apache/arrow-go/v18 v18.8.0
+	github.com/goccy/go-json v0.10.6
 	github.com/sourcegraph/conc v0.3.0
 	google.golang.org/grpc v1.85.0
 )
 
 require (
-	github.com/goccy/go-json v0.10.6 // indirect
 	github.com/google/flatbuffers v25.12.19+incompatible // indirect
 	github.com/klauspost/compress v1.19.2 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect

@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+
 	"errors"
 	"fmt"
+	gojson "github.com/goccy/go-json"
 	"io"
 	"net/http"
 	"regexp"
@@ -127,7 +129,7 @@ func (v *VLLM) body(ctx context.Context, req *ChatRequest, stream bool) ([]byte,
 	if stream {
 		vr.StreamOptions = map[string]any{"include_usage": true}
 	}
-	b, err := json.Marshal(vr)
+	b, err := gojson.Marshal(vr)
 	if err != nil {
 		return nil, &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "encoding the upstream request: " + err.Error()}
 	}
@@ -254,7 +256,11 @@ func (v *VLLM) Complete(ctx context.Context, req *ChatRequest) (*Result, error) 
 	}
 	defer resp.Body.Close()
 	var vr vllmResponse
-	if err := json.NewDecoder(resp.Body).Decode(&vr); err != nil {
+	raw, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = gojson.Unmarshal(raw, &vr)
+	}
+	if err != nil {
 		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "reading the inference server's answer: " + err.Error()}
 	}
 	res := &Result{Upstream: body, Latency: time.Since(start), PromptIDs: vr.PromptTokenIDs}
@@ -344,7 +350,7 @@ func (v *VLLM) Stream(ctx context.Context, req *ChatRequest, sink StreamSink) (*
 			return errStopSSE
 		}
 		var chunk vllmResponse
-		if err := json.Unmarshal(data, &chunk); err != nil {
+		if err := gojson.Unmarshal(data, &chunk); err != nil {
 			return fmt.Errorf("a stream chunk is not JSON: %w", err)
 		}
 		if res.Response.ID == "" {

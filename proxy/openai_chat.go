@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+
 	"fmt"
+	gojson "github.com/goccy/go-json"
 	"net/http"
 	"strings"
 	"time"
@@ -62,7 +64,7 @@ func chatInvalid(format string, args ...any) *Error {
 
 func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 	var in chatIn
-	if err := json.Unmarshal(body, &in); err != nil {
+	if err := gojson.Unmarshal(body, &in); err != nil {
 		return nil, chatInvalid("the request body is not a valid chat completions request: %v", err)
 	}
 	if in.Model == "" {
@@ -132,12 +134,15 @@ func chatContent(raw json.RawMessage) (any, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if raw[0] == '"' {
+		var s string
+		if err := gojson.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("must be a string or an array of content parts")
+		}
 		return s, nil
 	}
 	var parts []ChatPart
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	if err := gojson.Unmarshal(raw, &parts); err != nil {
 		return nil, fmt.Errorf("must be a string or an array of content parts")
 	}
 	var text strings.Builder
@@ -212,14 +217,27 @@ func (OpenAIChat) NewStream(w http.ResponseWriter, req *Request) Stream {
 	return &chatStream{sse: newSSE(w), req: req, id: newID("chatcmpl-"), created: time.Now().Unix()}
 }
 
+// chatChunk is one chat.completion.chunk.
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *Usage            `json:"usage,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int            `json:"index"`
+	Delta        map[string]any `json:"delta"`
+	FinishReason *string        `json:"finish_reason"`
+	Logprobs     any            `json:"logprobs"`
+}
+
 func (s *chatStream) chunk(delta map[string]any, finish *string, usage *Usage) error {
-	choices := []map[string]any{}
+	c := chatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.req.Model, Choices: []chatChunkChoice{}, Usage: usage}
 	if delta != nil {
-		choices = append(choices, map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil})
-	}
-	c := map[string]any{"id": s.id, "object": "chat.completion.chunk", "created": s.created, "model": s.req.Model, "choices": choices}
-	if usage != nil {
-		c["usage"] = usage
+		c.Choices = append(c.Choices, chatChunkChoice{Delta: delta, FinishReason: finish})
 	}
 	return s.sse.event("", c)
 }

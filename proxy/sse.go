@@ -1,9 +1,12 @@
 package proxy
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
+
+	// goccy/go-json encodes and decodes like encoding/json, two to three times faster;
+	// the proxy spends most of its time on JSON.
+	gojson "github.com/goccy/go-json"
 )
 
 // sseWriter writes Server-Sent Events to a caller, flushing each event as it is written so
@@ -35,7 +38,7 @@ func (s *sseWriter) flush() {
 
 // event writes "event: name" and "data: <json of v>"; an empty name writes data only.
 func (s *sseWriter) event(name string, v any) error {
-	b, err := json.Marshal(v)
+	b, err := gojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("sse event %q: %w", name, err)
 	}
@@ -59,7 +62,7 @@ func (s *sseWriter) raw(name, data string) error {
 
 // writeJSON writes v as a JSON response with status.
 func writeJSON(w http.ResponseWriter, status int, v any) error {
-	b, err := json.Marshal(v)
+	b, err := gojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding response: %w", err)
 	}
