@@ -1,0 +1,144 @@
+"""The reference server's model: a tiny seeded Qwen2 causal LM (fp32, CPU, eval mode),
+teacher-forced scoring and a KV-cached sampler."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+HIDDEN = 64
+LAYERS = 2
+HEADS = 4
+KV_HEADS = 2
+INTERMEDIATE = 128
+# Wider than transformers' default 0.02 so the next-token distribution is far from uniform
+# (logit std ~1.6): log-probs differ visibly from token to token and sampling has structure.
+INIT_RANGE = 0.2
+
+
+def build_model(vocab_size: int, seed: int = 0, max_model_len: int = 4096) -> Qwen2ForCausalLM:
+    """The seeded model. Same (vocab_size, seed, max_model_len, torch, transformers) -> same
+    weights, in any process."""
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=max(max_model_len, 32),
+        initializer_range=INIT_RANGE,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model: Any = Qwen2ForCausalLM(config)  # transformers' typing of to()/eval() is loose
+    model.to(torch.float32)
+    model.eval()
+    model.requires_grad_(False)
+    return cast(Qwen2ForCausalLM, model)
+
+
+def _cache_kwarg(model: Qwen2ForCausalLM) -> str:
+    # transformers renamed forward's past_key_values to cache (5.x); use whichever it takes.
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token: its id, its log-probability under the model's raw distribution
+    (log_softmax of the logits, before temperature/top-p), and the top-k alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _top(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    if k <= 0:
+        return []
+    vals, idx = torch.topk(row, min(k, row.shape[-1]))
+    return [(int(i), float(v)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+
+
+class Engine:
+    """Serializes access to the model (one forward at a time)."""
+
+    def __init__(self, model: Qwen2ForCausalLM, seed: int = 0) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+        self.generator = torch.Generator().manual_seed(seed)
+        self._cache_kw = _cache_kwarg(model)
+
+    @torch.no_grad()
+    def score(self, prompt_ids: list[int], output_ids: list[int], top_k: int = 0) -> list[TokenLogprob]:
+        """Teacher forcing: one forward pass over prompt + output; the log-prob of each output
+        token given everything before it."""
+        if not output_ids:
+            return []
+        ids = torch.tensor([prompt_ids + output_ids], dtype=torch.long)
+        with self.lock:
+            logits = self.model(input_ids=ids).logits[0]
+        p = len(prompt_ids)
+        logp = torch.log_softmax(logits[p - 1 : p - 1 + len(output_ids)].float(), dim=-1)
+        tgt = torch.tensor(output_ids, dtype=torch.long)
+        lp = logp.gather(1, tgt[:, None])[:, 0].tolist()
+        return [
+            TokenLogprob(t, float(v), _top(logp[i], top_k))
+            for i, (t, v) in enumerate(zip(output_ids, lp, strict=True))
+        ]
+
+    @torch.no_grad()
+    def sample(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        stop_ids: set[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        logprob_k: int = 0,
+        seed: int | None = None,
+    ) -> Iterator[TokenLogprob]:
+        """Sample up to max_tokens tokens, yielding each as it is produced; stops after a
+        token in stop_ids (which is yielded)."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else self.generator
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        past = None
+        for _ in range(max_tokens):
+            with self.lock:
+                out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: past})
+            past = out["cache"] if "cache" in out else out["past_key_values"]
+            logits = out.logits[0, -1].float()
+            logp = torch.log_softmax(logits, dim=-1)
+            if temperature <= 1e-5:
+                tok = int(torch.argmax(logits))
+            else:
+                scaled = logits / temperature
+                if 0 < top_k < scaled.shape[-1]:
+                    kth = torch.topk(scaled, top_k).values[-1]
+                    scaled = scaled.masked_fill(scaled < kth, -math.inf)
+                probs = torch.softmax(scaled, dim=-1)
+                if top_p < 1.0:
+                    sp, si = torch.sort(probs, descending=True)
+                    cum = torch.cumsum(sp, dim=-1)
+                    drop = cum - sp > top_p  # keep the smallest prefix reaching top_p
+                    sp = sp.masked_fill(drop, 0.0)
+                    probs = torch.zeros_like(probs).scatter_(0, si, sp)
+                with self.lock:  # the shared generator's draws stay in one order
+                    tok = int(torch.multinomial(probs, 1, generator=gen))
+            yield TokenLogprob(tok, float(logp[tok]), _top(logp, logprob_k))
+            if tok in stop_ids:
+                return
+            ids = torch.tensor([[tok]], dtype=torch.long)
