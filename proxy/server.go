@@ -371,7 +371,14 @@ func (s *streamSink) Delta(d Delta) error {
 	return s.stream.Delta(d)
 }
 
-func (s *streamSink) Flush() { s.w.flushNow() }
+// Flush sends what the stream has written; before the stream exists there is nothing to
+// send, and flushing would commit a 200 status that an upstream error must still be able
+// to replace.
+func (s *streamSink) Flush() {
+	if s.stream != nil {
+		s.w.flushNow()
+	}
+}
 
 // batchingWriter holds back the flushes dialects make after every event; the proxy
 // flushes when the upstream has nothing more at hand, so events that arrive together

@@ -528,3 +528,31 @@ func FuzzChatDecode(f *testing.F) {
 }
 
 var _ = trace.Call{}
+
+// TestUpstreamDyingBeforeTheFirstDelta: nothing may be flushed before the first delta,
+// or the caller would get a 200 followed by an error body instead of a proper error.
+func TestUpstreamDyingBeforeTheFirstDelta(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"id":"x","prompt_token_ids":[1],"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		time.Sleep(20 * time.Millisecond) // the proxy has read the first chunk and is idle
+	}))
+	defer up.Close()
+	store := &MemStore{}
+	store.AddSession("k", "s")
+	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}}, Engine: &VLLM{BaseURL: up.URL, Model: "m"},
+		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, `,"stream":true`)))
+	req.Header.Set("Authorization", "Bearer k")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 502 || !strings.Contains(string(b), "closed the stream before [DONE]") {
+		t.Fatalf("status %d body %s; want a 502 error body", resp.StatusCode, b)
+	}
+}
