@@ -538,3 +538,17 @@ if os.environ.get("FLOE_REFSERVER_TIMINGS"):  # pragma: no cover - manual measur
         t = time.monotonic()
         post(server + "/chat/completions", chat_body(max_tokens=200, temperature=1.0))
         print(f"sampling 200 tokens: {time.monotonic() - t:.3f}s")
+
+
+def test_script_match_skips_side_calls(server: str) -> None:
+    """An output with "match" waits for a request offering its tool; other requests (a
+    harness's title or summary calls) fall through to sampling."""
+    base = server.removesuffix("/v1")
+    post(base + "/script", {"outputs": [{"content": "for the agent", "match": {"tool": "Read", "contains": "notes"}}]})
+    side = post(server + "/chat/completions", {"model": "floe-ref", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "title for this chat"}]})
+    assert side["choices"][0]["message"]["content"] != "for the agent"
+    tool = {"type": "function", "function": {"name": "Read", "parameters": {"type": "object"}}}
+    main = post(server + "/chat/completions", {"model": "floe-ref", "tools": [tool],
+                "messages": [{"role": "user", "content": "read notes"}]})
+    assert main["choices"][0]["message"]["content"] == "for the agent"

@@ -44,10 +44,16 @@ class APIError(Exception):
 
 def validate_output(o: Any) -> dict[str, Any]:
     """A scripted assistant output: {"content"?, "reasoning"?, "tool_calls"?: [{"name",
-    "arguments"}], "finish"?: "stop"|"length"}."""
+    "arguments"}], "finish"?: "stop"|"length", "match"?: {"tool"?: str, "contains"?: str}}.
+    With "match", the output answers only a request that offers a tool of that name and
+    whose messages contain that text; harnesses make side calls (titles, summaries) that
+    must not take the outputs meant for the conversation."""
     if not isinstance(o, dict):
         raise APIError("a scripted output must be an object")
-    unknown = set(o) - {"content", "reasoning", "tool_calls", "finish"}
+    m = o.get("match", {})
+    if not isinstance(m, dict) or set(m) - {"tool", "contains"} or not all(isinstance(v, str) for v in m.values()):
+        raise APIError('scripted "match" must be {"tool"?: str, "contains"?: str}')
+    unknown = set(o) - {"content", "reasoning", "tool_calls", "finish", "match"}
     if unknown:
         raise APIError(f"unknown fields in scripted output: {sorted(unknown)}")
     for k in ("content", "reasoning"):
@@ -74,9 +80,14 @@ class ScriptQueue:
             self._q.extend(checked)
             return len(self._q)
 
-    def pop(self) -> dict[str, Any] | None:
+    def pop(self, fits: Callable[[dict[str, Any]], bool] = lambda m: True) -> dict[str, Any] | None:
+        """Remove and return the first output whose match the request fits."""
         with self._lock:
-            return self._q.popleft() if self._q else None
+            for i, o in enumerate(self._q):
+                if fits(o.get("match") or {}):
+                    del self._q[i]
+                    return o
+            return None
 
     def clear(self) -> int:
         with self._lock:
@@ -284,8 +295,18 @@ class RefServer:
             stop_token_ids=[int(x) for x in stop_token_ids],
         )
 
+    @staticmethod
+    def _fits(match: dict[str, str], req: ChatRequest) -> bool:
+        if "tool" in match:
+            names = {(t.get("function") or {}).get("name") for t in req.body.get("tools") or [] if isinstance(t, dict)}
+            if match["tool"] not in names:
+                return False
+        if "contains" in match:
+            return match["contains"] in json.dumps(req.body.get("messages"), ensure_ascii=False)
+        return True
+
     def generation(self, req: ChatRequest) -> Generation:
-        out = self.script.pop()
+        out = self.script.pop(lambda m: self._fits(m, req))
         k = req.top_logprobs if req.logprobs else 0
         if out is not None:
             text = render_assistant_turn(self.tok, scripted_message(out))
