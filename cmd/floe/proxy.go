@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -26,7 +27,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("floe proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: floe proxy [flags]\n\nServes the provider APIs (Anthropic, OpenAI Chat and Responses, Gemini) in front of an\ninference server and records every call. Prints {\"proxy\": address} on stdout once serving.\n\n")
+		fmt.Fprintf(stderr, "usage: floe proxy [flags]\n\nServes the provider APIs (Anthropic, OpenAI Chat and Responses, Gemini) in front of an\ninference server and records every call, with the session and control API under /floe/v1\n(docs/control.md). Prints {\"proxy\": address} on stdout once serving.\n\n")
 		fs.PrintDefaults()
 	}
 	addr := fs.String("proxy-addr", "127.0.0.1:8700", "listen address; port 0 picks one")
@@ -65,18 +66,20 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer f.Close()
 		rec = &fileRecorder{next: store, f: f}
 	}
+	gate := &proxy.Gate{}
 	srv := &proxy.Server{
 		Dialects: proxy.DefaultDialects(), Engine: &proxy.VLLM{BaseURL: *upstream, Model: *model},
-		Sessions: store, Recorder: rec, Gate: &proxy.Gate{}, OpenSessions: *open, MaxBodyBytes: *maxBody, Log: log,
+		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: *open, MaxBodyBytes: *maxBody, Log: log,
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
 	}
+	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String()}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "upstream", *upstream)
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	hs := &http.Server{Handler: control.Handler(srv), ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lis) }()
 	select {

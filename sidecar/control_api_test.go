@@ -1,0 +1,93 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/trace"
+)
+
+func TestControlAPISessionsAndPause(t *testing.T) {
+	store, gate := &proxy.MemStore{}, &proxy.Gate{}
+	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test"}
+	behind := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "proxy") })
+	srv := httptest.NewServer(api.Handler(behind))
+	defer srv.Close()
+	do := func(method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	code, s := do("POST", "/floe/v1/sessions", `{"task_id": "t1", "group_id": "g1", "group_size": 4}`)
+	if code != 200 || s["session_id"] == nil || !strings.HasPrefix(s["api_key"].(string), "sk-floe-") {
+		t.Fatalf("create: %d %v", code, s)
+	}
+	id, key := s["session_id"].(string), s["api_key"].(string)
+	if got, ok := store.Resolve(key); !ok || got != id {
+		t.Fatalf("the new key resolves to %q %v", got, ok)
+	}
+	if urls := s["base_urls"].(map[string]any); urls["openai"] != "http://floe.test/v1" {
+		t.Errorf("base_urls %v", urls)
+	}
+	_ = store.Record(context.Background(), &trace.Call{SessionID: id, PromptIDs: []int32{1}})
+	if code, got := do("GET", "/floe/v1/sessions/"+id, ""); code != 200 || got["task_id"] != "t1" || len(got["calls"].([]any)) != 1 {
+		t.Errorf("get: %d %v", code, got)
+	}
+	for _, tt := range []struct {
+		method, path, body string
+		code               int
+	}{
+		{"POST", "/floe/v1/sessions", `{"group_id": "g"}`, 400},
+		{"POST", "/floe/v1/sessions", `nope`, 400},
+		{"GET", "/floe/v1/sessions/nope", "", 404},
+		{"POST", "/floe/v1/resume", `{}`, 400},
+		{"GET", "/floe/v1/frobnicate", "", 404},
+	} {
+		if code, got := do(tt.method, tt.path, tt.body); code != tt.code || got["error"] == nil {
+			t.Errorf("%s %s: %d %v, want %d with an error", tt.method, tt.path, code, got, tt.code)
+		}
+	}
+	if code, got := do("POST", "/floe/v1/pause", ""); code != 200 || got["paused"] != true {
+		t.Fatalf("pause: %d %v", code, got)
+	}
+	entered := make(chan int64)
+	go func() {
+		v, leave, _ := gate.Enter(context.Background())
+		leave()
+		entered <- v
+	}()
+	select {
+	case <-entered:
+		t.Fatal("a call entered while paused")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if code, got := do("POST", "/floe/v1/resume", `{"policy_version": 3}`); code != 200 || got["policy_version"] != 3.0 {
+		t.Fatalf("resume: %d %v", code, got)
+	}
+	if v := <-entered; v != 3 {
+		t.Errorf("released under version %d", v)
+	}
+	if code, got := do("POST", "/floe/v1/resume", `{"policy_version": 1}`); code != 409 {
+		t.Errorf("resume backwards: %d %v", code, got)
+	}
+	resp, _ := http.Get(srv.URL + "/v1/models")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "proxy" {
+		t.Errorf("other paths reach the proxy: got %q", b)
+	}
+}
