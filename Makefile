@@ -20,14 +20,14 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
 
 all: test
 
 demo:
 	$(GO) run ./cmd/floe bench
 
-test: test-go test-py
+test: test-go test-py test-harness
 
 go-deps:
 	$(GO) mod download
@@ -50,6 +50,17 @@ venv: $(STAMP)
 
 test-py: venv
 	$(VPY) -m pytest $(BRIDGE)/tests -q
+
+# The real harness CLIs from npm, installed once into harness/node_modules (git-ignored)
+# and again only when harness/package.json changes.
+HARNESS_STAMP := harness/node_modules/.floe-installed
+
+$(HARNESS_STAMP): harness/package.json
+	cd harness && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-harness: venv $(HARNESS_STAMP)
+	$(VPY) -m pytest harness/tests -q -c harness/pytest.ini
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 

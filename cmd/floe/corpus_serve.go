@@ -45,6 +45,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	addr := fs.String("flight-addr", "127.0.0.1:8815", "Flight listen address; port 0 picks one; unix:/path for a Unix socket")
 	token := fs.String("flight-token", "", "require this bearer token on every Flight call")
 	dump := fs.String("dump-groups", "", "write the corpus as JSON to this file (for equivalence tests)")
+	calls := fs.String("calls", "", "serve these recorded calls (JSON lines, as floe proxy -record writes them) instead of the synthetic corpus: one group per task, sessions in order of appearance")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -78,7 +79,12 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *perStep < 1 || *fold < 0 {
 		return fmt.Errorf("groups-per-step must be at least 1 and fold-vocab not negative")
 	}
-	data, err := corpus.Generate(ccfg, *seed)
+	var data []trace.Group
+	if *calls != "" {
+		data, err = readCalls(*calls)
+	} else {
+		data, err = corpus.Generate(ccfg, *seed)
+	}
 	if err != nil {
 		return fmt.Errorf("corpus: %w", err)
 	}
@@ -189,4 +195,36 @@ func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error
 		return fmt.Errorf("dump groups: %w", err)
 	}
 	return nil
+}
+
+// readCalls groups recorded calls into one session per session id and one group of all
+// sessions, in order of appearance.
+func readCalls(path string) ([]trace.Group, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	g := trace.Group{ID: "recorded", TaskID: "recorded"}
+	index := map[string]int{}
+	dec := json.NewDecoder(f)
+	for n := 1; ; n++ {
+		var c trace.Call
+		if err := dec.Decode(&c); err == io.EOF {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: call %d: %w", path, n, err)
+		}
+		i, ok := index[c.SessionID]
+		if !ok {
+			i = len(g.Sessions)
+			index[c.SessionID] = i
+			g.Sessions = append(g.Sessions, trace.Session{ID: c.SessionID, GroupID: g.ID, TaskID: g.TaskID, Status: trace.StatusCompleted})
+		}
+		g.Sessions[i].Calls = append(g.Sessions[i].Calls, c)
+	}
+	if len(g.Sessions) == 0 {
+		return nil, fmt.Errorf("%s holds no calls", path)
+	}
+	return []trace.Group{g}, nil
 }

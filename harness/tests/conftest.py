@@ -1,0 +1,245 @@
+"""Shared machinery of the harness tests: the reference inference server in script mode,
+floe's proxy with its control API in front of it, a fresh HOME and working directory per
+harness run, and the checks every harness must pass.
+
+The harness CLIs come from npm (harness/package.json, installed into harness/node_modules
+by `make test`)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1]
+REPO = HARNESS.parent
+BIN = HARNESS / "node_modules" / ".bin"
+FILE_TEXT = "The launch code is PURPLE-ELEPHANT-42."
+QUESTION = "Read the file notes.txt in the current directory and tell me the launch code it contains. Answer with the code only."
+ANSWER = "PURPLE-ELEPHANT-42"
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 30) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+def start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start a server that prints one JSON line when ready."""
+    err = log.open("wb")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=10)
+        raise RuntimeError(f"{args[0]} exited before serving; see {log}:\n{log.read_text()[-3000:]}")
+    return proc, json.loads(line)
+
+
+@dataclass
+class Session:
+    id: str
+    key: str
+    base_urls: dict[str, str]
+
+
+@dataclass
+class Stack:
+    """The reference server and floe's proxy, and where calls are recorded."""
+
+    upstream: str  # http://127.0.0.1:PORT (the reference server, without /v1)
+    proxy: str  # http://127.0.0.1:PORT
+    calls_path: Path
+    floe: Path
+    tmp: Path
+    _n: int = field(default=0)
+
+    def session(self, task: str) -> Session:
+        s = http("POST", self.proxy + "/floe/v1/sessions", {"task_id": task})
+        return Session(s["session_id"], s["api_key"], s["base_urls"])
+
+    def script(self, outputs: list[dict[str, Any]]) -> None:
+        http("DELETE", self.upstream + "/script")
+        http("POST", self.upstream + "/script", {"outputs": outputs})
+
+    def calls(self, session: str) -> list[dict[str, Any]]:
+        return http("GET", f"{self.proxy}/floe/v1/sessions/{session}")["calls"]  # type: ignore[no-any-return]
+
+    def generations(self) -> list[dict[str, Any]]:
+        return http("GET", self.upstream + "/generations")["generations"]  # type: ignore[no-any-return]
+
+    def pause(self) -> dict[str, Any]:
+        return http("POST", self.proxy + "/floe/v1/pause", {}, timeout=60)  # type: ignore[no-any-return]
+
+    def resume(self, version: int) -> dict[str, Any]:
+        return http("POST", self.proxy + "/floe/v1/resume", {"policy_version": version})  # type: ignore[no-any-return]
+
+    def workdir(self, name: str) -> tuple[Path, Path]:
+        """A fresh (HOME, working directory) with notes.txt in the working directory."""
+        self._n += 1
+        root = self.tmp / f"{name}-{self._n}"
+        home, work = root / "home", root / "work"
+        home.mkdir(parents=True)
+        work.mkdir()
+        (work / "notes.txt").write_text(FILE_TEXT + "\n")
+        return home, work
+
+
+def base_env(home: Path) -> dict[str, str]:
+    """A clean environment: no real provider keys, no telemetry, this HOME."""
+    keep = ("PATH", "LANG", "LC_ALL", "TERM", "TMPDIR", "SSL_CERT_FILE")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CACHE_HOME=str(home / ".cache"),
+               XDG_DATA_HOME=str(home / ".local/share"), NO_COLOR="1", CI="1", DO_NOT_TRACK="1")
+    env["PATH"] = f"{BIN}:{os.path.dirname(sys.executable)}:{env.get('PATH', '/usr/bin:/bin')}"
+    return env
+
+
+def run_harness(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return p
+
+
+@pytest.fixture(scope="session")
+def floe_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if env := os.environ.get("FLOE_BIN"):
+        return Path(env)
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("the harness tests need Go to build floe (or FLOE_BIN)")
+    out = tmp_path_factory.mktemp("bin") / "floe"
+    subprocess.run([go, "build", "-o", str(out), "./cmd/floe"], cwd=REPO, check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if not (BIN / "claude").exists():
+        pytest.fail(f"the harness CLIs are not installed: run `npm install` in {HARNESS} (make test does)")
+    tmp = tmp_path_factory.mktemp("harness")
+    ref, hello = start([sys.executable, "-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", "32768",
+                        "--cache-dir", str(tmp / "tokenizer")], tmp / "refserver.log")
+    upstream = hello["base_url"].removesuffix("/v1")
+    calls = tmp / "calls.jsonl"
+    px, phello = start([str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0", "-upstream", upstream, "-record", str(calls)],
+                       tmp / "proxy.log")
+    try:
+        yield Stack(upstream, phello["proxy"], calls, floe_bin, tmp)
+    finally:
+        for p in (px, ref):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+# --- checks every harness must pass ---------------------------------------------------
+
+
+def check_token_faithful(stack: Stack, calls: list[dict[str, Any]]) -> None:
+    """Every recorded call carries exactly what the reference server generated."""
+    gens = stack.generations()
+    assert calls, "the session recorded no calls"
+    for c in calls:
+        assert c["Trainable"], f"call {c['Index']} untrainable: {c['UntrainableReason']}"
+        match = [g for g in gens if g["prompt_token_ids"] == c["PromptIDs"] and g["token_ids"] == c["ResponseIDs"]]
+        assert match, f"call {c['Index']}: no generation of the server has these prompt and response ids"
+        assert c["Logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
+
+
+def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls of the conversation proper: those whose prompt extends an earlier call's
+    prompt + response, plus the first call they start from. Side calls (titles, routing,
+    summaries) stand apart."""
+    chained: set[int] = set()
+    for j, b in enumerate(calls):
+        for i in range(j):
+            a = calls[i]
+            h = a["PromptIDs"] + a["ResponseIDs"]
+            if b["PromptIDs"][: len(h)] == h:
+                chained |= {i, j}
+    return [c for k, c in enumerate(calls) if k in chained]
+
+
+def serve_recorded(stack: Stack, session: str, strategy: str) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """floe corpus-serve over this session's recorded calls."""
+    path = stack.tmp / f"{session}-{strategy}.jsonl"
+    with stack.calls_path.open() as src, path.open("w") as dst:
+        for line in src:
+            if json.loads(line)["SessionID"] == session:
+                dst.write(line)
+    proc, hello = start([str(stack.floe), "corpus-serve", "-calls", str(path), "-strategy", strategy,
+                         "-flight-addr", "127.0.0.1:0", "-token-budget", "65536", "-pad-multiple", "16"],
+                        stack.tmp / f"serve-{session}-{strategy}.log")
+    return proc, hello["flight"], path
+
+
+LossTerm = tuple[tuple[int, ...], int, float]
+
+
+def per_request_terms(calls: list[dict[str, Any]]) -> collections.Counter[LossTerm]:
+    out: collections.Counter[LossTerm] = collections.Counter()
+    for c in calls:
+        if not c["Trainable"]:
+            continue
+        seq = c["PromptIDs"] + c["ResponseIDs"]
+        for t, tok in enumerate(c["ResponseIDs"]):
+            n = len(c["PromptIDs"]) + t
+            out[(tuple(seq[:n]), tok, round(float(c["Logprobs"][t]), 5))] += 1
+    return out
+
+
+def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any]]) -> tuple[int, int]:
+    """The tree micro-batches of the session, fetched over Flight, decode to exactly the
+    per-request loss terms and forward fewer rows. Returns (tree rows, per-request rows)."""
+    from floe_bridge import FloeClient
+
+    proc, location, _ = serve_recorded(stack, session, "tree")
+    try:
+        with FloeClient(location, rank=0, world_size=1, timeout=60) as client:
+            step = client.read_step(0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    got: collections.Counter[LossTerm] = collections.Counter()
+    rows = 0
+    for mb in step.micro_batches:
+        ids, pred, mask, lp = mb.input_ids, mb.pred_idx, mb.loss_mask, mb.old_logprobs
+        rows += int(mb.meta.rows) if mb.meta and mb.meta.rows is not None else len(ids)
+        for q in range(len(ids)):
+            if not mask[q]:
+                continue
+            ctx = []
+            k = int(pred[q])
+            while k != -1:
+                ctx.append(int(ids[k]))
+                k = int(pred[k])
+            got[(tuple(reversed(ctx)), int(ids[q]), round(float(lp[q]), 5))] += 1
+    want = per_request_terms(calls)
+    assert got == want, f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
+    per_request_rows = sum(len(c["PromptIDs"]) + len(c["ResponseIDs"]) for c in calls if c["Trainable"])
+    return rows, per_request_rows
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
