@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -57,7 +59,11 @@ import (
 //     (403), not_found_error (404), request_too_large (413), rate_limit_error (429),
 //     overloaded_error (ErrOverloaded, or any 503/529), api_error otherwise (502, 500). A
 //     context-length error reads as Anthropic words it, which Claude Code needs to compact:
-//     400 invalid_request_error "prompt is too long: N tokens > M maximum".
+//     400 invalid_request_error "prompt is too long: N tokens > M maximum". When the prompt
+//     fits and only prompt + max_tokens does not (vLLM says so in both its wordings), it
+//     reads "input length and `max_tokens` exceed context limit: N + T > M, …" instead:
+//     Claude Code then retries with a smaller max_tokens, where "prompt is too long" would
+//     make it give up (its default max_tokens exceeds a 32k window by itself).
 type Anthropic struct{}
 
 var (
@@ -929,15 +935,51 @@ type anthErrorBody struct {
 	Error anthErrorDetail `json:"error"`
 }
 
+var (
+	// Older vLLM (and the reference server): "… However, you requested 49177 tokens
+	// (17177 in the messages, 32000 in the completion). …"
+	anthOldBudgetRE = regexp.MustCompile(`\((\d+) in the messages, (\d+) in the completion\)`)
+	// Newer vLLM: "'max_tokens' or 'max_completion_tokens' is too large: 32000. This
+	// model's maximum context length is 32768 tokens and your request has 17177 input
+	// tokens (32000 > 32768 - 17177)."
+	anthBudgetRE = regexp.MustCompile(`too large: (\d+)\.`)
+	// "… your request has 17177 input tokens …" (both the budget and the prompt-only error)
+	anthInputRE = regexp.MustCompile(`your request has (\d+) input tokens`)
+)
+
+// anthContextNumbers reads a context-length error's prompt tokens and, when the upstream
+// named one, the completion budget (max_tokens) that pushed the request over the limit.
+func anthContextNumbers(err *Error) (prompt, budget int) {
+	prompt = err.PromptTokens
+	if m := anthOldBudgetRE.FindStringSubmatch(err.Message); m != nil {
+		prompt, _ = strconv.Atoi(m[1])
+		budget, _ = strconv.Atoi(m[2])
+		return prompt, budget
+	}
+	if m := anthInputRE.FindStringSubmatch(err.Message); m != nil {
+		prompt, _ = strconv.Atoi(m[1])
+	}
+	if m := anthBudgetRE.FindStringSubmatch(err.Message); m != nil {
+		budget, _ = strconv.Atoi(m[1])
+	}
+	return prompt, budget
+}
+
 // anthErrorShape gives the HTTP status, Anthropic error type and message for err.
 func anthErrorShape(err *Error) (int, anthErrorDetail) {
 	if err == nil {
 		err = &Error{Kind: ErrInternal, Message: "internal error"}
 	}
 	if err.Kind == ErrContextLength {
+		prompt, budget := anthContextNumbers(err)
+		if budget > 0 && prompt > 0 && err.MaxTokens > 0 && prompt < err.MaxTokens {
+			return http.StatusBadRequest, anthErrorDetail{"invalid_request_error", fmt.Sprintf(
+				"input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or `max_tokens` and try again",
+				prompt, budget, err.MaxTokens)}
+		}
 		msg := "prompt is too long"
-		if err.PromptTokens > 0 && err.MaxTokens > 0 {
-			msg = fmt.Sprintf("prompt is too long: %d tokens > %d maximum", err.PromptTokens, err.MaxTokens)
+		if prompt > 0 && err.MaxTokens > 0 {
+			msg = fmt.Sprintf("prompt is too long: %d tokens > %d maximum", prompt, err.MaxTokens)
 		} else if err.Message != "" {
 			msg += ": " + err.Message
 		}

@@ -966,9 +966,17 @@ func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
 	if includeThoughts && m.ReasoningContent != "" {
 		parts = append(parts, gemPart{Text: gemText(m.ReasoningContent), Thought: true})
 	}
-	host := len(parts)
+	host := -1
 	if text := gemContentText(m.Content); text != "" {
+		// A blank text part is no home for the signature: harnesses drop such parts
+		// (Pi skips whitespace-only text), and the reasoning would go with it.
+		if strings.TrimSpace(text) != "" {
+			host = len(parts)
+		}
 		parts = append(parts, gemPart{Text: gemText(text)})
+	}
+	if host < 0 && len(m.ToolCalls) > 0 {
+		host = len(parts)
 	}
 	for _, tc := range m.ToolCalls {
 		parts = append(parts, gemPart{FunctionCall: &gemFunctionCall{
@@ -976,7 +984,7 @@ func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
 		}})
 	}
 	if m.ReasoningContent != "" {
-		if host < len(parts) {
+		if host >= 0 {
 			parts[host].ThoughtSignature = gemSignature(m.ReasoningContent)
 		} else {
 			parts = append(parts, gemPart{ThoughtSignature: gemSignature(m.ReasoningContent)})
@@ -1103,7 +1111,9 @@ func (s *gemStream) Delta(d Delta) error {
 	}
 	if d.Content != "" {
 		p := gemPart{Text: gemText(d.Content)}
-		s.sign(&p)
+		if strings.TrimSpace(d.Content) != "" { // blank parts get dropped by harnesses
+			s.sign(&p)
+		}
 		if err := s.send([]gemPart{p}, "", nil); err != nil {
 			return err
 		}

@@ -769,3 +769,39 @@ func FuzzGeminiDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestGeminiSignatureSkipsBlankText: the model's "\n\n" between reasoning and a tool
+// call must not carry floe's signature, because harnesses drop blank text parts (Pi does)
+// and the reasoning would be lost from the next request's history.
+func TestGeminiSignatureSkipsBlankText(t *testing.T) {
+	msg := ChatMessage{Role: "assistant", Content: "\n\n", ReasoningContent: "think",
+		ToolCalls: []ChatToolCall{{ID: "c1", Type: "function", Function: ChatFunctionCall{Name: "read", Arguments: `{"path":"a"}`}}}}
+	parts := gemAnswerParts(msg, false)
+	for _, p := range parts {
+		if p.Text != nil && strings.TrimSpace(*p.Text) == "" && p.ThoughtSignature != "" {
+			t.Fatalf("the blank text part carries the signature: %+v", parts)
+		}
+	}
+	if parts[len(parts)-1].FunctionCall == nil || parts[len(parts)-1].ThoughtSignature == "" {
+		t.Fatalf("the function call should carry the signature: %+v", parts)
+	}
+
+	rec := httptest.NewRecorder()
+	st := Gemini{}.NewStream(rec, &Request{Model: "m", State: nil})
+	_ = st.Delta(Delta{Reasoning: "think"})
+	_ = st.Delta(Delta{Content: "\n\n"})
+	_ = st.Delta(Delta{ToolCalls: []ToolCallDelta{{Index: 0, ID: "c1", Name: "read", Arguments: `{"path":"a"}`}}})
+	_ = st.End(FinishToolCalls, Usage{})
+	body := rec.Body.String()
+	if !strings.Contains(body, `"functionCall"`) {
+		t.Fatalf("no function call streamed: %s", body)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if strings.Contains(line, `"text":"\n\n"`) && strings.Contains(line, "thoughtSignature") {
+			t.Fatalf("the blank text event carries the signature: %s", line)
+		}
+		if strings.Contains(line, `"functionCall"`) && !strings.Contains(line, "thoughtSignature") {
+			t.Fatalf("the function call event lacks the signature: %s", line)
+		}
+	}
+}

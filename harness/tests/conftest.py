@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 HARNESS = Path(__file__).resolve().parents[1]
@@ -200,7 +201,8 @@ def per_request_terms(calls: list[dict[str, Any]]) -> collections.Counter[LossTe
         seq = c["PromptIDs"] + c["ResponseIDs"]
         for t, tok in enumerate(c["ResponseIDs"]):
             n = len(c["PromptIDs"]) + t
-            out[(tuple(seq[:n]), tok, round(float(c["Logprobs"][t]), 5))] += 1
+            # Flight carries log-probs as float32; compare exactly at that precision.
+            out[(tuple(seq[:n]), tok, float(np.float32(c["Logprobs"][t])))] += 1
     return out
 
 
@@ -229,7 +231,7 @@ def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any
             while k != -1:
                 ctx.append(int(ids[k]))
                 k = int(pred[k])
-            got[(tuple(reversed(ctx)), int(ids[q]), round(float(lp[q]), 5))] += 1
+            got[(tuple(reversed(ctx)), int(ids[q]), float(lp[q]))] += 1
     want = per_request_terms(calls)
     assert got == want, f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
     per_request_rows = sum(len(c["PromptIDs"]) + len(c["ResponseIDs"]) for c in calls if c["Trainable"])
