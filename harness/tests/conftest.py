@@ -1,6 +1,7 @@
 """Shared machinery of the harness tests: the reference inference server in script mode,
 floe's proxy with its control API in front of it, a fresh HOME and working directory per
-harness run, and the checks every harness must pass.
+harness run, and the checks every harness must pass. The scenarios every harness runs
+(a read-then-answer task, a weight sync mid-task) are in scenario.py.
 
 The harness CLIs come from npm (harness/package.json, installed into harness/node_modules
 by `make test`)."""
@@ -77,8 +78,13 @@ class Stack:
         http("DELETE", self.upstream + "/script")
         http("POST", self.upstream + "/script", {"outputs": outputs})
 
+    def script_left(self) -> int:
+        """How many scripted outputs no request has taken."""
+        return http("GET", self.upstream + "/script")["remaining"]  # type: ignore[no-any-return]
+
     def calls(self, session: str) -> list[dict[str, Any]]:
-        return http("GET", f"{self.proxy}/floe/v1/sessions/{session}")["calls"]  # type: ignore[no-any-return]
+        calls: list[dict[str, Any]] | None = http("GET", f"{self.proxy}/floe/v1/sessions/{session}")["calls"]
+        return calls or []  # null until the session's first call
 
     def generations(self) -> list[dict[str, Any]]:
         return http("GET", self.upstream + "/generations")["generations"]  # type: ignore[no-any-return]
@@ -163,6 +169,12 @@ def check_token_faithful(stack: Stack, calls: list[dict[str, Any]]) -> None:
         assert c["Logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
 
 
+def extends(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """b's prompt starts with a's prompt + response, token for token."""
+    h = a["PromptIDs"] + a["ResponseIDs"]
+    return bool(b["PromptIDs"][: len(h)] == h)
+
+
 def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The calls of the conversation proper: those whose prompt extends an earlier call's
     prompt + response, plus the first call they start from. Side calls (titles, routing,
@@ -170,9 +182,7 @@ def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     chained: set[int] = set()
     for j, b in enumerate(calls):
         for i in range(j):
-            a = calls[i]
-            h = a["PromptIDs"] + a["ResponseIDs"]
-            if b["PromptIDs"][: len(h)] == h:
+            if extends(calls[i], b):
                 chained |= {i, j}
     return [c for k, c in enumerate(calls) if k in chained]
 

@@ -16,37 +16,15 @@ it with its default max_tokens, so they cover that."""
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from conftest import (
-    ANSWER,
-    BIN,
-    QUESTION,
-    Session,
-    Stack,
-    base_env,
-    check_token_faithful,
-    check_tree_over_flight,
-    main_chain,
-    run_harness,
-    wait_for,
-)
+from conftest import BIN, QUESTION, Session, Stack, base_env
+from scenario import Harness, run_read_task, run_weight_sync
 
 MODEL = "claude-floe"
-TOOL = "Read"
-REASONING = "The user wants the launch code from notes.txt. I should read that file first."
 
 
-def setup(stack: Stack, name: str) -> tuple[Session, dict[str, str], Path]:
-    """A session, a fresh HOME and working directory, and Claude Code's environment."""
-    s = stack.session(name)
-    home, work = stack.workdir(name)
+def launch(s: Session, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
     env = base_env(home) | {
         "ANTHROPIC_BASE_URL": s.base_urls["anthropic"],
         "ANTHROPIC_API_KEY": s.key,
@@ -61,135 +39,31 @@ def setup(stack: Stack, name: str) -> tuple[Session, dict[str, str], Path]:
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
     }
-    return s, env, work
+    return [str(BIN / "claude"), "-p", QUESTION, "--output-format", "text"], env
 
 
-def command() -> list[str]:
-    return [str(BIN / "claude"), "-p", QUESTION, "--output-format", "text"]
-
-
-def read(work: Path, reasoning: str, contains: str) -> dict[str, Any]:
-    """A scripted Read of notes.txt (Read wants an absolute path)."""
-    call = {"name": TOOL, "arguments": {"file_path": str(work / "notes.txt")}}
-    return {"reasoning": reasoning, "tool_calls": [call], "match": {"tool": TOOL, "contains": contains}}
-
-
-def answer(reasoning: str, contains: str) -> dict[str, Any]:
-    return {"reasoning": reasoning, "content": ANSWER, "match": {"tool": TOOL, "contains": contains}}
-
-
-def recorded(stack: Stack, session: str) -> list[dict[str, Any]]:
-    return stack.calls(session) or []
-
-
-def extends(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """b's prompt starts with a's prompt + response, token for token."""
-    h = a["PromptIDs"] + a["ResponseIDs"]
-    return bool(b["PromptIDs"][: len(h)] == h)
-
-
-def tool_names(c: dict[str, Any]) -> list[str]:
-    return [tc["function"]["name"] for tc in c["Response"].get("tool_calls") or []]
-
-
-def describe(calls: list[dict[str, Any]]) -> str:
-    return "\n".join(
-        f"call {c['Index']}: prompt {len(c['PromptIDs'])} response {len(c['ResponseIDs'])} "
-        f"finish {c['FinishReason']} tools {tool_names(c)} v{c['PolicyVersion']} trainable {c['Trainable']}"
-        for c in calls)
-
-
-def seconds(ts: str) -> float:
-    """A Go RFC 3339 timestamp (nanoseconds) as Unix seconds."""
-    ts = re.sub(r"\.(\d+)", lambda m: "." + m[1][:6].ljust(6, "0"), ts).replace("Z", "+00:00")
-    return datetime.fromisoformat(ts).timestamp()
+CLAUDE_CODE = Harness(
+    name="Claude Code", exe="claude", task="claude-code", api="anthropic", tool="Read",
+    read_args=lambda work: {"file_path": str(work / "notes.txt")},  # Read wants an absolute path
+    launch=launch, timeout=150)
 
 
 def test_claude_code_reads_file(stack: Stack) -> None:
-    s, env, work = setup(stack, "claude-code")
-    stack.script([
-        read(work, REASONING, QUESTION),
-        answer("The file states the launch code; the user wants only the code.", ANSWER),
-    ])
-    t0 = time.monotonic()
-    p = run_harness(command(), env, work, timeout=150)
-    took = time.monotonic() - t0
-    calls = recorded(stack, s.id)
-    print(f"claude -p took {took:.1f} s\n{describe(calls)}")
-    assert p.returncode == 0, (
-        f"claude exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")
-    assert ANSWER in p.stdout, p.stdout[-3000:]
-
-    # 1. every call carries exactly the server's prompt ids, response ids and log-probs
-    check_token_faithful(stack, calls)
-    for c in calls:
-        assert c["API"] == "anthropic"
+    run = run_read_task(stack, CLAUDE_CODE)
+    for c in run.calls:
         assert len(c["PromptIDs"]) + len(c["ResponseIDs"]) <= 32768
-
-    # 2. the two scripted calls form the main chain; anything else is a side call of its own
-    first = [c for c in calls if TOOL in tool_names(c)]
-    last = [c for c in calls if ANSWER in (c["Response"].get("content") or "")]
-    assert len(first) == 1 and len(last) == 1, describe(calls)
-    chain = main_chain(calls)
-    assert first[0] in chain and last[0] in chain, describe(calls)
-    # The answer's prompt extends the tool call's prompt + response token for token: the
-    # thinking block came back with floe's signature and the tool_use input unchanged.
-    assert extends(first[0], last[0]), describe(calls)
-    assert first[0]["Response"].get("reasoning_content"), "the scripted reasoning was not parsed"
-    echoed = last[0]["Request"]["messages"]
+    # The answer's prompt extends the read's token for token (checked by run_read_task):
+    # the thinking block came back with floe's signature and the tool_use input unchanged.
+    echoed = run.last["Request"]["messages"]
     thinking = [b for m in echoed if m["role"] == "assistant" and isinstance(m["content"], list)
                 for b in m["content"] if b.get("type") == "thinking"]
     assert thinking and all(b.get("signature", "").startswith("floe1.") for b in thinking), thinking
-    for side in (c for c in calls if c not in chain):
-        assert not extends(side, last[0]), f"side call {side['Index']} in the conversation's prefix"
-
-    # 3. tree micro-batches over Flight decode to the per-request loss terms, fewer rows
-    rows, per_request = check_tree_over_flight(stack, s.id, calls)
-    assert rows < per_request, (rows, per_request)
 
 
 def test_claude_code_weight_sync(stack: Stack) -> None:
     """Pause mid-task: Claude Code's next call waits; resume under a new policy version and
     the run finishes, its later calls recording that version."""
-    s, env, work = setup(stack, "claude-code-sync")
     # A max_tokens that fits, so that the call held by the pause is the one recorded (with
     # the default, the held request is answered by the overflow error after the resume,
     # and Claude Code's retry arrives later).
-    env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "8192"
-    stack.script([
-        read(work, REASONING, QUESTION),
-        read(work, "Let me read it once more to be sure of the exact code.", ANSWER),
-        answer("Both reads agree on the code.", ANSWER),
-    ])
-    proc = subprocess.Popen(command(), env=env, cwd=work, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: len(recorded(stack, s.id)) >= 1, 90, "Claude Code's first call")
-        version = stack.pause()["policy_version"]  # waits for any call in flight
-        try:
-            held = len(recorded(stack, s.id))
-            assert held < 3, "the whole task finished before the pause"
-            time.sleep(1.5)
-            assert len(recorded(stack, s.id)) == held, "a call went upstream while paused"
-            assert proc.poll() is None, "Claude Code exited while paused"
-        finally:
-            resumed = time.time()
-            stack.resume(version + 1)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    calls = recorded(stack, s.id)
-    print(describe(calls))
-    assert proc.returncode == 0, (
-        f"claude exited {proc.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
-    assert ANSWER in out
-    assert len(calls) == 3, describe(calls)
-    assert [c["PolicyVersion"] for c in calls[:held]] == [version] * held
-    assert [c["PolicyVersion"] for c in calls[held:]] == [version + 1] * (3 - held)
-    # The first call after the pause reached floe while it was paused, and was held there.
-    assert seconds(calls[held]["Started"]) < resumed < seconds(calls[held]["Finished"]), json.dumps(
-        {k: calls[held][k] for k in ("Started", "Finished")})
-    check_token_faithful(stack, calls)
-    assert len(main_chain(calls)) == 3 and extends(calls[0], calls[1]) and extends(calls[1], calls[2])
+    run_weight_sync(stack, CLAUDE_CODE, env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "8192"})

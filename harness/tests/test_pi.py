@@ -11,22 +11,21 @@ summaries): each run is exactly the two scripted calls."""
 
 from __future__ import annotations
 
-import collections
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from conftest import (ANSWER, BIN, QUESTION, LossTerm, Session, Stack, base_env, check_token_faithful, http,
-                      main_chain, run_harness, serve_recorded)
+from conftest import BIN, QUESTION, Session, Stack, base_env
+from scenario import Harness, run_read_task, run_weight_sync
 
 PROVIDER = "floe"
 MODEL = "floe-model"
 KEY_ENV = "FLOE_API_KEY"
-APIS = ["anthropic-messages", "openai-completions", "openai-responses", "google-generative-ai"]
+# Pi's API kinds, and the kind floe records their calls under.
+APIS = {"anthropic-messages": "anthropic", "openai-completions": "openai_chat",
+        "openai-responses": "openai_responses", "google-generative-ai": "gemini"}
 
 
 def base_url(api: str, s: Session) -> str:
@@ -54,96 +53,26 @@ def write_models(home: Path, api: str, s: Session) -> dict[str, Any]:
     return cfg
 
 
-def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any]]) -> tuple[int, int]:
-    """conftest.check_tree_over_flight, with log-probs compared as the float32 they are.
+def pi(api: str) -> Harness:
+    """Pi with a provider of this API kind."""
 
-    Recorded log-probs are float32, written to JSON in their shortest decimal form
-    (-12.051725); Flight carries the float32 itself (-12.051725387573242 as a double).
-    conftest rounds both to 5 decimals, and a 6th decimal of 5 rounds them apart: a few of
-    the ~95 terms of every session here. Both sides are the same float32, compared exactly."""
-    from floe_bridge import FloeClient
+    def launch(s: Session, home: Path, work: Path) -> tuple[list[str], dict[str, str]]:
+        write_models(home, api, s)
+        env = base_env(home) | {KEY_ENV: s.key, "PI_OFFLINE": "1"}
+        return [str(BIN / "pi"), "-p", "--provider", PROVIDER, "--model", MODEL, QUESTION], env
 
-    proc, location, _ = serve_recorded(stack, session, "tree")
-    try:
-        with FloeClient(location, rank=0, world_size=1, timeout=60) as client:
-            step = client.read_step(0)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    got: collections.Counter[LossTerm] = collections.Counter()
-    rows = 0
-    for mb in step.micro_batches:
-        ids, pred, mask, lp = mb.input_ids, mb.pred_idx, mb.loss_mask, mb.old_logprobs
-        rows += int(mb.meta.rows) if mb.meta and mb.meta.rows is not None else len(ids)
-        for q in range(len(ids)):
-            if not mask[q]:
-                continue
-            ctx = []
-            k = int(pred[q])
-            while k != -1:
-                ctx.append(int(ids[k]))
-                k = int(pred[k])
-            got[(tuple(reversed(ctx)), int(ids[q]), float(np.float32(lp[q])))] += 1
-    want: collections.Counter[LossTerm] = collections.Counter()
-    for c in calls:
-        if not c["Trainable"]:
-            continue
-        seq = c["PromptIDs"] + c["ResponseIDs"]
-        for t, tok in enumerate(c["ResponseIDs"]):
-            n = len(c["PromptIDs"]) + t
-            want[(tuple(seq[:n]), tok, float(np.float32(c["Logprobs"][t])))] += 1
-    extra, missing = sum((got - want).values()), sum((want - got).values())
-    assert got == want, f"{extra} extra and {missing} missing loss terms"
-    per_request_rows = sum(len(c["PromptIDs"]) + len(c["ResponseIDs"]) for c in calls if c["Trainable"])
-    return rows, per_request_rows
+    return Harness(name=f"Pi ({api})", exe="pi", task=f"pi-{api}", api=APIS[api], tool="read",
+                   read_args=lambda work: {"path": "notes.txt"}, launch=launch)
 
 
-def describe(calls: list[dict[str, Any]]) -> str:
-    return "\n".join(f"call {c['Index']} api={c['API']} trainable={c['Trainable']} "
-                     f"prompt={len(c['PromptIDs'])} response={len(c['ResponseIDs'])} "
-                     f"finish={c['FinishReason']}" for c in calls)
-
-
-@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("api", list(APIS))
 def test_pi(stack: Stack, api: str) -> None:
-    s = stack.session(f"pi-{api}")
-    home, work = stack.workdir(f"pi-{api}")
-    write_models(home, api, s)
-    # Matched to Pi's `read` tool, so any other request samples freely instead.
-    stack.script([
-        {"reasoning": "The user wants the launch code from notes.txt. I should read that file first.",
-         "tool_calls": [{"name": "read", "arguments": {"path": "notes.txt"}}],
-         "match": {"tool": "read", "contains": "notes.txt"}},
-        {"reasoning": f"The file says the launch code is {ANSWER}.", "content": ANSWER,
-         "match": {"tool": "read", "contains": ANSWER}},
-    ])
-    env = base_env(home) | {KEY_ENV: s.key, "PI_OFFLINE": "1"}
-    t0 = time.monotonic()
-    cmd = [str(BIN / "pi"), "-p", "--provider", PROVIDER, "--model", MODEL, QUESTION]
-    p = run_harness(cmd, env, work, timeout=90)
-    took = time.monotonic() - t0
-    calls = stack.calls(s.id) or []
-    print(f"\n{api}: pi took {took:.1f} s\n{describe(calls)}")
-    out = (f"pi exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}\n"
-           + describe(calls))
-    assert p.returncode == 0, out
-    assert ANSWER in p.stdout, out
-    left = http("GET", stack.upstream + "/script")["remaining"]
-    assert left == 0, f"Pi left {left} scripted outputs untaken\n" + out
+    # The conversation is the two scripted calls (run_read_task checks it is the whole main
+    # chain): the read, then the answer, the second's prompt extending the first's prompt +
+    # response token for token (reasoning included), then the tool result.
+    run_read_task(stack, pi(api))
 
-    check_token_faithful(stack, calls)
 
-    # The conversation is the two scripted calls: the read, then the answer, the second's
-    # prompt extending the first's prompt + response token for token (reasoning included).
-    chain = main_chain(calls)
-    assert len(chain) == 2, describe(calls)
-    first, second = chain
-    assert [tc["function"]["name"] for tc in first["Response"].get("tool_calls") or []] == ["read"]
-    assert ANSWER in (second["Response"].get("content") or "")
-    h = first["PromptIDs"] + first["ResponseIDs"]
-    assert second["PromptIDs"][: len(h)] == h
-    assert len(second["PromptIDs"]) > len(h)  # + the tool result
-
-    rows, per_request = check_tree_over_flight(stack, s.id, calls)
-    assert rows < per_request, (rows, per_request)
-    print(f"{api}: tree rows {rows} < per-request rows {per_request}")
+def test_pi_weight_sync(stack: Stack) -> None:
+    # Pausing holds Pi's next call whatever the API kind; one suffices.
+    run_weight_sync(stack, pi("openai-completions"))
