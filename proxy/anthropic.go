@@ -95,93 +95,75 @@ func anthSignatureText(sig string) (string, bool) {
 	return string(b), true
 }
 
-func anthInvalid(format string, args ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
-}
-
 // ---- decoding ----
 
-func anthIsNull(raw json.RawMessage) bool {
-	t := bytes.TrimSpace(raw)
-	return len(t) == 0 || string(t) == "null"
-}
-
-// anthKind is the first byte of a JSON value: '"', '[', '{', 't', 'f', 'n' or a digit.
-func anthKind(raw json.RawMessage) byte {
-	t := bytes.TrimSpace(raw)
-	if len(t) == 0 {
-		return 0
-	}
-	return t[0]
-}
-
 func anthObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if anthKind(raw) != '{' {
-		return nil, anthInvalid("%s: expected an object", field)
+	if jsonKind(raw) != '{' {
+		return nil, invalidRequest("%s: expected an object", field)
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, anthInvalid("%s: expected an object", field)
+		return nil, invalidRequest("%s: expected an object", field)
 	}
 	return m, nil
 }
 
 func anthArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	if anthKind(raw) != '[' {
-		return nil, anthInvalid("%s: expected an array", field)
+	if jsonKind(raw) != '[' {
+		return nil, invalidRequest("%s: expected an array", field)
 	}
 	var a []json.RawMessage
 	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, anthInvalid("%s: expected an array", field)
+		return nil, invalidRequest("%s: expected an array", field)
 	}
 	return a, nil
 }
 
 // anthString decodes an optional string; null or absent reads as "".
 func anthString(raw json.RawMessage, field string) (string, error) {
-	if anthIsNull(raw) {
+	if jsonIsNull(raw) {
 		return "", nil
 	}
 	var s string
-	if anthKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", anthInvalid("%s: expected a string", field)
+	if jsonKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", invalidRequest("%s: expected a string", field)
 	}
 	return s, nil
 }
 
 // anthRequiredString decodes a string that must be present and non-empty.
 func anthRequiredString(raw json.RawMessage, field string) (string, error) {
-	if anthIsNull(raw) {
-		return "", anthInvalid("%s: field required", field)
+	if jsonIsNull(raw) {
+		return "", invalidRequest("%s: field required", field)
 	}
 	s, err := anthString(raw, field)
 	if err != nil {
 		return "", err
 	}
 	if s == "" {
-		return "", anthInvalid("%s: must not be empty", field)
+		return "", invalidRequest("%s: must not be empty", field)
 	}
 	return s, nil
 }
 
 func anthBool(raw json.RawMessage, field string) (bool, error) {
-	if anthIsNull(raw) {
+	if jsonIsNull(raw) {
 		return false, nil
 	}
 	var b bool
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, anthInvalid("%s: expected a boolean", field)
+		return false, invalidRequest("%s: expected a boolean", field)
 	}
 	return b, nil
 }
 
 func anthNumber(raw json.RawMessage, field string) (*float64, error) {
-	if anthIsNull(raw) {
+	if jsonIsNull(raw) {
 		return nil, nil
 	}
 	var f float64
-	if k := anthKind(raw); !(k == '-' || (k >= '0' && k <= '9')) || json.Unmarshal(raw, &f) != nil {
-		return nil, anthInvalid("%s: expected a number", field)
+	if k := jsonKind(raw); !(k == '-' || (k >= '0' && k <= '9')) || json.Unmarshal(raw, &f) != nil {
+		return nil, invalidRequest("%s: expected a number", field)
 	}
 	return &f, nil
 }
@@ -192,7 +174,7 @@ func anthInt(raw json.RawMessage, field string) (*int, error) {
 		return nil, err
 	}
 	if *f != math.Trunc(*f) || *f < 1 || *f > math.MaxInt32 {
-		return nil, anthInvalid("%s: expected a positive integer", field)
+		return nil, invalidRequest("%s: expected a positive integer", field)
 	}
 	n := int(*f)
 	return &n, nil
@@ -200,12 +182,12 @@ func anthInt(raw json.RawMessage, field string) (*int, error) {
 
 // Decode parses a Messages (or count_tokens) request body.
 func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
-	if anthKind(body) != '{' {
-		return nil, anthInvalid("request body: expected a JSON object")
+	if jsonKind(body) != '{' {
+		return nil, invalidRequest("request body: expected a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, anthInvalid("request body: malformed JSON: %v", err)
+		return nil, invalidRequest("request body: malformed JSON: %v", err)
 	}
 	model, err := anthRequiredString(top["model"], "model")
 	if err != nil {
@@ -213,7 +195,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	}
 	chat := ChatRequest{Model: model}
 
-	if !anthIsNull(top["system"]) {
+	if !jsonIsNull(top["system"]) {
 		sys, err := anthTextContent(top["system"], "system")
 		if err != nil {
 			return nil, err
@@ -223,15 +205,15 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 		}
 	}
 
-	if anthIsNull(top["messages"]) {
-		return nil, anthInvalid("messages: field required")
+	if jsonIsNull(top["messages"]) {
+		return nil, invalidRequest("messages: field required")
 	}
 	msgs, err := anthArray(top["messages"], "messages")
 	if err != nil {
 		return nil, err
 	}
 	if len(msgs) == 0 {
-		return nil, anthInvalid("messages: at least one message is required")
+		return nil, invalidRequest("messages: at least one message is required")
 	}
 	for i, raw := range msgs {
 		out, err := anthDecodeMessage(raw, fmt.Sprintf("messages[%d]", i))
@@ -242,7 +224,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	}
 
 	forwarded := map[string]bool{}
-	if !anthIsNull(top["tools"]) {
+	if !jsonIsNull(top["tools"]) {
 		tools, err := anthArray(top["tools"], "tools")
 		if err != nil {
 			return nil, err
@@ -259,7 +241,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 		}
 	}
 
-	if !anthIsNull(top["tool_choice"]) {
+	if !jsonIsNull(top["tool_choice"]) {
 		choice, named, parallel, err := anthDecodeToolChoice(top["tool_choice"])
 		if err != nil {
 			return nil, err
@@ -282,7 +264,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	if _, err = anthNumber(top["top_k"], "top_k"); err != nil { // checked, not forwarded
 		return nil, err
 	}
-	if !anthIsNull(top["stop_sequences"]) {
+	if !jsonIsNull(top["stop_sequences"]) {
 		stops, err := anthArray(top["stop_sequences"], "stop_sequences")
 		if err != nil {
 			return nil, err
@@ -298,7 +280,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	if chat.Stream, err = anthBool(top["stream"], "stream"); err != nil {
 		return nil, err
 	}
-	if !anthIsNull(top["thinking"]) {
+	if !jsonIsNull(top["thinking"]) {
 		th, err := anthObject(top["thinking"], "thinking")
 		if err != nil {
 			return nil, err
@@ -322,12 +304,12 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 
 // anthTextContent reads a string or an array of text blocks (system content) as one string.
 func anthTextContent(raw json.RawMessage, field string) (string, error) {
-	if anthKind(raw) == '"' {
+	if jsonKind(raw) == '"' {
 		return anthString(raw, field)
 	}
 	blocks, err := anthArray(raw, field)
 	if err != nil {
-		return "", anthInvalid("%s: expected a string or an array of content blocks", field)
+		return "", invalidRequest("%s: expected a string or an array of content blocks", field)
 	}
 	var texts []string
 	for j, braw := range blocks {
@@ -360,9 +342,9 @@ func anthBlock(raw json.RawMessage, field string) (map[string]json.RawMessage, s
 
 // anthContentBlocks reads message content: a string is one text block.
 func anthContentBlocks(raw json.RawMessage, field string) (text string, blocks []json.RawMessage, isString bool, err error) {
-	switch anthKind(raw) {
+	switch jsonKind(raw) {
 	case 0, 'n':
-		return "", nil, false, anthInvalid("%s: field required", field)
+		return "", nil, false, invalidRequest("%s: field required", field)
 	case '"':
 		s, err := anthString(raw, field)
 		return s, nil, true, err
@@ -370,7 +352,7 @@ func anthContentBlocks(raw json.RawMessage, field string) (text string, blocks [
 		blocks, err := anthArray(raw, field)
 		return "", blocks, false, err
 	}
-	return "", nil, false, anthInvalid("%s: expected a string or an array of content blocks", field)
+	return "", nil, false, invalidRequest("%s: expected a string or an array of content blocks", field)
 }
 
 func anthDecodeMessage(raw json.RawMessage, field string) ([]ChatMessage, error) {
@@ -393,8 +375,8 @@ func anthDecodeMessage(raw json.RawMessage, field string) ([]ChatMessage, error)
 		}
 		return []ChatMessage{msg}, nil
 	case "system": // not Anthropic, but tolerated
-		if anthIsNull(m["content"]) {
-			return nil, anthInvalid("%s: field required", cf)
+		if jsonIsNull(m["content"]) {
+			return nil, invalidRequest("%s: field required", cf)
 		}
 		s, err := anthTextContent(m["content"], cf)
 		if err != nil {
@@ -402,7 +384,7 @@ func anthDecodeMessage(raw json.RawMessage, field string) ([]ChatMessage, error)
 		}
 		return []ChatMessage{{Role: "system", Content: s}}, nil
 	}
-	return nil, anthInvalid("%s.role: must be \"user\" or \"assistant\", got %q", field, role)
+	return nil, invalidRequest("%s.role: must be \"user\" or \"assistant\", got %q", field, role)
 }
 
 func anthDecodeUser(raw json.RawMessage, field string) ([]ChatMessage, error) {
@@ -500,12 +482,12 @@ func anthImageURL(raw json.RawMessage, field string) (string, error) {
 	case "url":
 		return anthRequiredString(src["url"], field+".url")
 	}
-	return "", anthInvalid("%s.type: unsupported image source %q (want base64 or url)", field, typ)
+	return "", invalidRequest("%s.type: unsupported image source %q (want base64 or url)", field, typ)
 }
 
 // anthDocumentText is a document block as text: its text source, else a placeholder.
 func anthDocumentText(b map[string]json.RawMessage, field string) (string, error) {
-	if anthKind(b["source"]) == '{' {
+	if jsonKind(b["source"]) == '{' {
 		src, err := anthObject(b["source"], field+".source")
 		if err != nil {
 			return "", err
@@ -528,7 +510,7 @@ func anthDecodeToolResult(b map[string]json.RawMessage, field string) (ChatMessa
 	}
 	var content string
 	cf := field + ".content"
-	switch anthKind(b["content"]) {
+	switch jsonKind(b["content"]) {
 	case 0, 'n':
 	case '"':
 		content, err = anthString(b["content"], cf)
@@ -569,7 +551,7 @@ func anthDecodeToolResult(b map[string]json.RawMessage, field string) (ChatMessa
 		}
 		content = strings.Join(texts, "\n")
 	default:
-		return ChatMessage{}, anthInvalid("%s: expected a string or an array of content blocks", cf)
+		return ChatMessage{}, invalidRequest("%s: expected a string or an array of content blocks", cf)
 	}
 	if isErr {
 		if content == "" {
@@ -652,16 +634,16 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 // anthArguments turns a tool_use input into the arguments string: compact JSON, or the raw
 // string floe wrapped as {"_raw": ...} because the model's arguments were not an object.
 func anthArguments(raw json.RawMessage, field string) (string, error) {
-	if anthIsNull(raw) {
+	if jsonIsNull(raw) {
 		return "{}", nil
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
-		return "", anthInvalid("%s: malformed JSON", field)
+		return "", invalidRequest("%s: malformed JSON", field)
 	}
-	if anthKind(raw) == '{' {
+	if jsonKind(raw) == '{' {
 		var wrapped map[string]json.RawMessage
-		if json.Unmarshal(raw, &wrapped) == nil && len(wrapped) == 1 && anthKind(wrapped["_raw"]) == '"' {
+		if json.Unmarshal(raw, &wrapped) == nil && len(wrapped) == 1 && jsonKind(wrapped["_raw"]) == '"' {
 			var s string
 			if json.Unmarshal(wrapped["_raw"], &s) == nil {
 				return s, nil
@@ -725,7 +707,7 @@ func anthDecodeTool(raw json.RawMessage, field string) (ChatTool, bool, error) {
 	if err != nil {
 		return ChatTool{}, false, err
 	}
-	if typ != "" && typ != "custom" && anthIsNull(t["input_schema"]) {
+	if typ != "" && typ != "custom" && jsonIsNull(t["input_schema"]) {
 		return ChatTool{}, false, nil
 	}
 	name, err := anthRequiredString(t["name"], field+".name")
@@ -737,13 +719,13 @@ func anthDecodeTool(raw json.RawMessage, field string) (ChatTool, bool, error) {
 		return ChatTool{}, false, err
 	}
 	params := json.RawMessage(`{"type":"object","properties":{}}`)
-	if !anthIsNull(t["input_schema"]) {
+	if !jsonIsNull(t["input_schema"]) {
 		if _, err := anthObject(t["input_schema"], field+".input_schema"); err != nil {
 			return ChatTool{}, false, err
 		}
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, t["input_schema"]); err != nil {
-			return ChatTool{}, false, anthInvalid("%s.input_schema: malformed JSON", field)
+			return ChatTool{}, false, invalidRequest("%s.input_schema: malformed JSON", field)
 		}
 		params = buf.Bytes()
 	}
@@ -782,7 +764,7 @@ func anthDecodeToolChoice(raw json.RawMessage) (choice json.RawMessage, named st
 		}
 		choice, _ = json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": named}})
 	default:
-		return nil, "", nil, anthInvalid("tool_choice.type: must be auto, any, tool or none, got %q", typ)
+		return nil, "", nil, invalidRequest("tool_choice.type: must be auto, any, tool or none, got %q", typ)
 	}
 	return choice, named, parallel, nil
 }
@@ -844,7 +826,7 @@ func anthInput(args string) json.RawMessage {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`)
 	}
-	if anthKind([]byte(args)) == '{' && json.Valid([]byte(args)) {
+	if jsonKind([]byte(args)) == '{' && json.Valid([]byte(args)) {
 		return json.RawMessage(args)
 	}
 	b, _ := json.Marshal(map[string]string{"_raw": args})

@@ -201,21 +201,17 @@ type gemErrorDetail struct {
 
 // ---- Decode ----
 
-func gemInvalid(format string, args ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
-}
-
 // Decode implements Dialect.
 func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
 	if r == nil || r.URL == nil {
-		return nil, gemInvalid("path: the request has no URL")
+		return nil, invalidRequest("path: the request has no URL")
 	}
 	model, method, perr := gemParsePath(r.URL.Path)
 	if perr != nil {
 		return nil, perr
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, gemInvalid("contents: the request body is empty")
+		return nil, invalidRequest("contents: the request body is empty")
 	}
 	norm, err := gemCamelize(body)
 	if err != nil {
@@ -247,7 +243,7 @@ func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
 // gemParsePath splits ".../models/{model}:{method}" into its model and method.
 func gemParsePath(p string) (model, method string, err *Error) {
 	bad := func(why string) (string, string, *Error) {
-		return "", "", gemInvalid("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
+		return "", "", invalidRequest("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
 	}
 	colon := strings.LastIndexByte(p, ':')
 	if colon < 0 || colon < strings.LastIndexByte(p, '/') {
@@ -285,13 +281,13 @@ func gemJSONError(err error) *Error {
 	switch {
 	case errors.As(err, &te):
 		if te.Field == "" {
-			return gemInvalid("request body: expected a JSON object, got %s", te.Value)
+			return invalidRequest("request body: expected a JSON object, got %s", te.Value)
 		}
-		return gemInvalid("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
+		return invalidRequest("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
 	case errors.As(err, &se):
-		return gemInvalid("request body: invalid JSON at byte %d: %v", se.Offset, se)
+		return invalidRequest("request body: invalid JSON at byte %d: %v", se.Offset, se)
 	default:
-		return gemInvalid("request body: invalid JSON: %v", err)
+		return invalidRequest("request body: invalid JSON: %v", err)
 	}
 }
 
@@ -428,7 +424,7 @@ type gemPendingCall struct {
 func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 	var chat ChatRequest
 	if len(gr.Contents) == 0 {
-		return chat, false, gemInvalid("%scontents: required and must not be empty", at)
+		return chat, false, invalidRequest("%scontents: required and must not be empty", at)
 	}
 	if si := gr.SystemInstruction; si != nil {
 		if text := gemJoinText(si.Parts, "\n"); text != "" {
@@ -449,7 +445,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 		case "user", "", "function", "tool":
 			chat.Messages = append(chat.Messages, gemUserMessages(c, i, pending)...)
 		default:
-			return chat, false, gemInvalid("%s.role: %q is not user or model", where, c.Role)
+			return chat, false, invalidRequest("%s.role: %q is not user or model", where, c.Role)
 		}
 	}
 
@@ -457,7 +453,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 		for fi, fd := range t.FunctionDeclarations {
 			where := fmt.Sprintf("%stools[%d].functionDeclarations[%d]", at, ti, fi)
 			if fd.Name == "" {
-				return chat, false, gemInvalid("%s.name: required", where)
+				return chat, false, invalidRequest("%s.name: required", where)
 			}
 			fn := ChatFunction{Name: fd.Name, Description: fd.Description}
 			switch {
@@ -466,7 +462,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 			case gemPresent(fd.Parameters):
 				p, err := gemSchema(fd.Parameters)
 				if err != nil {
-					return chat, false, gemInvalid("%s.parameters: %v", where, err)
+					return chat, false, invalidRequest("%s.parameters: %v", where, err)
 				}
 				fn.Parameters = p
 			}
@@ -489,7 +485,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 				choice = map[string]any{"type": "function", "function": map[string]string{"name": fc.AllowedFunctionNames[0]}}
 			}
 		default:
-			return chat, false, gemInvalid("%stoolConfig.functionCallingConfig.mode: %q is not AUTO, ANY, NONE or VALIDATED", at, fc.Mode)
+			return chat, false, invalidRequest("%stoolConfig.functionCallingConfig.mode: %q is not AUTO, ANY, NONE or VALIDATED", at, fc.Mode)
 		}
 		if choice != nil && len(chat.Tools) > 0 {
 			chat.ToolChoice, _ = json.Marshal(choice)
@@ -537,7 +533,7 @@ func gemModelMessage(c gemContent, turn int, where string) (ChatMessage, []gemPe
 		}
 		if fc := p.FunctionCall; fc != nil {
 			if fc.Name == "" {
-				return msg, nil, gemInvalid("%s.parts[%d].functionCall.name: required", where, j)
+				return msg, nil, invalidRequest("%s.parts[%d].functionCall.name: required", where, j)
 			}
 			id := fc.ID
 			if id == "" {

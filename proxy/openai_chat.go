@@ -58,20 +58,16 @@ type chatInMessage struct {
 	Reasoning        string          `json:"reasoning"`
 }
 
-func chatInvalid(format string, args ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
-}
-
 func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 	var in chatIn
 	if err := gojson.Unmarshal(body, &in); err != nil {
-		return nil, chatInvalid("the request body is not a valid chat completions request: %v", err)
+		return nil, invalidRequest("the request body is not a valid chat completions request: %v", err)
 	}
 	if in.Model == "" {
-		return nil, chatInvalid("missing required field: model")
+		return nil, invalidRequest("missing required field: model")
 	}
 	if len(in.Messages) == 0 {
-		return nil, chatInvalid("missing required field: messages (at least one message)")
+		return nil, invalidRequest("missing required field: messages (at least one message)")
 	}
 	out := ChatRequest{
 		Model: in.Model, Tools: in.Tools, ToolChoice: in.ToolChoice, ParallelToolCalls: in.ParallelToolCalls,
@@ -86,7 +82,7 @@ func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 		if json.Unmarshal(in.Stop, &one) == nil {
 			out.Stop = []string{one}
 		} else if err := json.Unmarshal(in.Stop, &out.Stop); err != nil {
-			return nil, chatInvalid("stop must be a string or an array of strings")
+			return nil, invalidRequest("stop must be a string or an array of strings")
 		}
 	}
 	switch in.ReasoningEffort {
@@ -105,11 +101,11 @@ func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 			cm.Role = "system"
 		case "system", "user", "assistant", "tool":
 		default:
-			return nil, chatInvalid("messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
+			return nil, invalidRequest("messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
 		}
 		content, err := chatContent(m.Content)
 		if err != nil {
-			return nil, chatInvalid("messages[%d].content: %v", i, err)
+			return nil, invalidRequest("messages[%d].content: %v", i, err)
 		}
 		cm.Content = content
 		out.Messages = append(out.Messages, cm)

@@ -73,48 +73,30 @@ type responsesState struct {
 // ---------------------------------------------------------------------------------------
 // Decode
 
-func respInvalid(format string, args ...any) *Error {
-	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
-}
-
-func respIsNull(raw json.RawMessage) bool {
-	t := bytes.TrimSpace(raw)
-	return len(t) == 0 || string(t) == "null"
-}
-
-// respKind is the JSON kind of raw by its first byte: '"', '[', '{', 'n', 't'/'f', or a digit.
-func respKind(raw json.RawMessage) byte {
-	t := bytes.TrimSpace(raw)
-	if len(t) == 0 {
-		return 0
-	}
-	return t[0]
-}
-
 // respObject decodes a JSON object; null or absent gives nil.
 func respObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if respIsNull(raw) {
+	if jsonIsNull(raw) {
 		return nil, nil
 	}
 	var m map[string]json.RawMessage
-	if respKind(raw) != '{' || json.Unmarshal(raw, &m) != nil {
-		return nil, respInvalid("%s must be an object", field)
+	if jsonKind(raw) != '{' || json.Unmarshal(raw, &m) != nil {
+		return nil, invalidRequest("%s must be an object", field)
 	}
 	return m, nil
 }
 
 func respArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
 	var a []json.RawMessage
-	if respKind(raw) != '[' || json.Unmarshal(raw, &a) != nil {
-		return nil, respInvalid("%s must be an array", field)
+	if jsonKind(raw) != '[' || json.Unmarshal(raw, &a) != nil {
+		return nil, invalidRequest("%s must be an array", field)
 	}
 	return a, nil
 }
 
 func respString(raw json.RawMessage, field string) (string, error) {
 	var s string
-	if respKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", respInvalid("%s must be a string", field)
+	if jsonKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", invalidRequest("%s must be a string", field)
 	}
 	return s, nil
 }
@@ -122,7 +104,7 @@ func respString(raw json.RawMessage, field string) (string, error) {
 // respOptString decodes an optional string field of obj; absent or null gives "".
 func respOptString(obj map[string]json.RawMessage, key, field string) (string, error) {
 	raw, ok := obj[key]
-	if !ok || respIsNull(raw) {
+	if !ok || jsonIsNull(raw) {
 		return "", nil
 	}
 	return respString(raw, field)
@@ -131,7 +113,7 @@ func respOptString(obj map[string]json.RawMessage, key, field string) (string, e
 func respBool(raw json.RawMessage, field string) (bool, error) {
 	var b bool
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, respInvalid("%s must be a boolean", field)
+		return false, invalidRequest("%s must be a boolean", field)
 	}
 	return b, nil
 }
@@ -139,7 +121,7 @@ func respBool(raw json.RawMessage, field string) (bool, error) {
 func respFloat(raw json.RawMessage, field string) (float64, error) {
 	var f float64
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return 0, respInvalid("%s must be a number", field)
+		return 0, invalidRequest("%s must be a number", field)
 	}
 	return f, nil
 }
@@ -147,23 +129,23 @@ func respFloat(raw json.RawMessage, field string) (float64, error) {
 func respInt(raw json.RawMessage, field string) (int, error) {
 	var n int
 	if err := json.Unmarshal(raw, &n); err != nil {
-		return 0, respInvalid("%s must be an integer", field)
+		return 0, invalidRequest("%s must be an integer", field)
 	}
 	return n, nil
 }
 
 // Decode parses a Responses request into the normalized Chat request.
 func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
-	if respKind(body) != '{' {
-		return nil, respInvalid("the request body must be a JSON object")
+	if jsonKind(body) != '{' {
+		return nil, invalidRequest("the request body must be a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, respInvalid("malformed JSON body: %v", err)
+		return nil, invalidRequest("malformed JSON body: %v", err)
 	}
 	get := func(key string) (json.RawMessage, bool) {
 		raw, ok := top[key]
-		if !ok || respIsNull(raw) {
+		if !ok || jsonIsNull(raw) {
 			return nil, false
 		}
 		return raw, true
@@ -174,14 +156,14 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 
 	raw, ok := get("model")
 	if !ok {
-		return nil, respInvalid("model is required")
+		return nil, invalidRequest("model is required")
 	}
 	model, err := respString(raw, "model")
 	if err != nil {
 		return nil, err
 	}
 	if model == "" {
-		return nil, respInvalid("model is required")
+		return nil, invalidRequest("model is required")
 	}
 	req.Model, req.Chat.Model = model, model
 
@@ -189,7 +171,7 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 		if id, err := respString(raw, "previous_response_id"); err != nil {
 			return nil, err
 		} else if id != "" {
-			return nil, respInvalid("previous_response_id is not supported: floe keeps no responses; send store: false and the full history in input")
+			return nil, invalidRequest("previous_response_id is not supported: floe keeps no responses; send store: false and the full history in input")
 		}
 	}
 
@@ -205,9 +187,9 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 
 	raw, ok = get("input")
 	if !ok {
-		return nil, respInvalid("input is required")
+		return nil, invalidRequest("input is required")
 	}
-	switch respKind(raw) {
+	switch jsonKind(raw) {
 	case '"':
 		s, err := respString(raw, "input")
 		if err != nil {
@@ -228,10 +210,10 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 		b.closeTurn()
 		msgs = b.msgs
 	default:
-		return nil, respInvalid("input must be a string or an array of items")
+		return nil, invalidRequest("input must be a string or an array of items")
 	}
 	if len(msgs) == 0 {
-		return nil, respInvalid("input has no messages")
+		return nil, invalidRequest("input has no messages")
 	}
 	req.Chat.Messages = msgs
 
@@ -277,7 +259,7 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 			return nil, err
 		}
 		if n < 1 {
-			return nil, respInvalid("max_output_tokens must be at least 1")
+			return nil, invalidRequest("max_output_tokens must be at least 1")
 		}
 		st.maxOutputTokens = &n
 		req.Chat.MaxCompletionTokens = &n
@@ -388,7 +370,7 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 		return err
 	}
 	if it == nil {
-		return respInvalid("%s must be an object", field)
+		return invalidRequest("%s must be an object", field)
 	}
 	typ, err := respOptString(it, "type", field+".type")
 	if err != nil {
@@ -396,7 +378,7 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 	}
 	if typ == "" {
 		if _, ok := it["role"]; !ok {
-			return respInvalid("%s.type is required", field)
+			return invalidRequest("%s.type is required", field)
 		}
 		typ = "message" // EasyInputMessage: {role, content}
 	}
@@ -407,8 +389,8 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			return err
 		}
 		content, ok := it["content"]
-		if !ok || respIsNull(content) {
-			return respInvalid("%s.content is required", field)
+		if !ok || jsonIsNull(content) {
+			return invalidRequest("%s.content is required", field)
 		}
 		switch role {
 		case "assistant":
@@ -431,9 +413,9 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			}
 			b.add(ChatMessage{Role: "user", Content: c})
 		case "":
-			return respInvalid("%s.role is required", field)
+			return invalidRequest("%s.role is required", field)
 		default:
-			return respInvalid("%s.role must be user, assistant, system or developer, not %q", field, role)
+			return invalidRequest("%s.role must be user, assistant, system or developer, not %q", field, role)
 		}
 	case "function_call":
 		callID, err := respOptString(it, "call_id", field+".call_id")
@@ -441,18 +423,18 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			return err
 		}
 		if callID == "" {
-			return respInvalid("%s.call_id is required", field)
+			return invalidRequest("%s.call_id is required", field)
 		}
 		name, err := respOptString(it, "name", field+".name")
 		if err != nil {
 			return err
 		}
 		if name == "" {
-			return respInvalid("%s.name is required", field)
+			return invalidRequest("%s.name is required", field)
 		}
 		var args string
-		if raw, ok := it["arguments"]; ok && !respIsNull(raw) {
-			if respKind(raw) == '"' {
+		if raw, ok := it["arguments"]; ok && !jsonIsNull(raw) {
+			if jsonKind(raw) == '"' {
 				if args, err = respString(raw, field+".arguments"); err != nil {
 					return err
 				}
@@ -468,7 +450,7 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			return err
 		}
 		if callID == "" {
-			return respInvalid("%s.call_id is required", field)
+			return invalidRequest("%s.call_id is required", field)
 		}
 		out, err := respToolOutput(it["output"], field+".output")
 		if err != nil {
@@ -507,7 +489,7 @@ func respReasoningText(it map[string]json.RawMessage, field string) (string, boo
 	}
 	join := func(key, sep string) (string, error) {
 		raw, ok := it[key]
-		if !ok || respIsNull(raw) {
+		if !ok || jsonIsNull(raw) {
 			return "", nil
 		}
 		parts, err := respArray(raw, field+"."+key)
@@ -551,15 +533,15 @@ type respPart struct {
 // respContentParts decodes a string or a content list into its text and image parts, in
 // order; unsupported part types are dropped.
 func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
-	if respKind(raw) == '"' {
+	if jsonKind(raw) == '"' {
 		s, err := respString(raw, field)
 		if err != nil {
 			return nil, err
 		}
 		return []respPart{{text: s}}, nil
 	}
-	if respKind(raw) != '[' {
-		return nil, respInvalid("%s must be a string or an array of content parts", field)
+	if jsonKind(raw) != '[' {
+		return nil, invalidRequest("%s must be a string or an array of content parts", field)
 	}
 	items, err := respArray(raw, field)
 	if err != nil {
@@ -573,7 +555,7 @@ func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
 			return nil, err
 		}
 		if po == nil {
-			return nil, respInvalid("%s must be an object", pf)
+			return nil, invalidRequest("%s must be an object", pf)
 		}
 		typ, err := respOptString(po, "type", pf+".type")
 		if err != nil {
@@ -607,10 +589,10 @@ func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
 
 func respImageURL(po map[string]json.RawMessage, pf string) (string, error) {
 	raw, ok := po["image_url"]
-	if !ok || respIsNull(raw) {
-		return "", respInvalid("%s.image_url is required (file_id is not supported)", pf)
+	if !ok || jsonIsNull(raw) {
+		return "", invalidRequest("%s.image_url is required (file_id is not supported)", pf)
 	}
-	if respKind(raw) == '{' { // lenient: Chat's {"url": ...}
+	if jsonKind(raw) == '{' { // lenient: Chat's {"url": ...}
 		o, err := respObject(raw, pf+".image_url")
 		if err != nil {
 			return "", err
@@ -622,7 +604,7 @@ func respImageURL(po map[string]json.RawMessage, pf string) (string, error) {
 		return "", err
 	}
 	if url == "" {
-		return "", respInvalid("%s.image_url is required", pf)
+		return "", invalidRequest("%s.image_url is required", pf)
 	}
 	return url, nil
 }
@@ -674,7 +656,7 @@ func respUserContent(raw json.RawMessage, field string) (any, error) {
 
 // respToolOutput reduces a function_call_output's output to the tool message's string.
 func respToolOutput(raw json.RawMessage, field string) (string, error) {
-	switch respKind(raw) {
+	switch jsonKind(raw) {
 	case 0, 'n':
 		return "", nil
 	case '"':
@@ -686,7 +668,7 @@ func respToolOutput(raw json.RawMessage, field string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if c, ok := o["content"]; ok && respKind(c) == '"' {
+		if c, ok := o["content"]; ok && jsonKind(c) == '"' {
 			return respString(c, field+".content")
 		}
 	}
@@ -700,14 +682,14 @@ func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
 		return nil, err
 	}
 	if t == nil {
-		return nil, respInvalid("%s must be an object", field)
+		return nil, invalidRequest("%s must be an object", field)
 	}
 	typ, err := respOptString(t, "type", field+".type")
 	if err != nil {
 		return nil, err
 	}
 	if typ == "" {
-		return nil, respInvalid("%s.type is required", field)
+		return nil, invalidRequest("%s.type is required", field)
 	}
 	if typ != "function" {
 		return nil, nil // web_search, local_shell, custom, namespace, file_search …
@@ -722,23 +704,23 @@ func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
 		}
 	}
 	if src == nil {
-		return nil, respInvalid("%s.name is required", field)
+		return nil, invalidRequest("%s.name is required", field)
 	}
 	name, err := respOptString(src, "name", srcField+".name")
 	if err != nil {
 		return nil, err
 	}
 	if name == "" {
-		return nil, respInvalid("%s.name is required", srcField)
+		return nil, invalidRequest("%s.name is required", srcField)
 	}
 	desc, err := respOptString(src, "description", srcField+".description")
 	if err != nil {
 		return nil, err
 	}
 	var params json.RawMessage
-	if p, ok := src["parameters"]; ok && !respIsNull(p) {
-		if respKind(p) != '{' {
-			return nil, respInvalid("%s.parameters must be an object", srcField)
+	if p, ok := src["parameters"]; ok && !jsonIsNull(p) {
+		if jsonKind(p) != '{' {
+			return nil, invalidRequest("%s.parameters must be an object", srcField)
 		}
 		params = append(json.RawMessage(nil), bytes.TrimSpace(p)...)
 	}
@@ -747,7 +729,7 @@ func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
 
 // respToolChoice normalizes tool_choice; nil means "not forwarded".
 func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
-	switch respKind(raw) {
+	switch jsonKind(raw) {
 	case '"':
 		s, err := respString(raw, "tool_choice")
 		if err != nil {
@@ -757,7 +739,7 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 		case "auto", "none", "required":
 			return json.RawMessage(`"` + s + `"`), nil
 		}
-		return nil, respInvalid("tool_choice must be auto, none, required or an object, not %q", s)
+		return nil, invalidRequest("tool_choice must be auto, none, required or an object, not %q", s)
 	case '{':
 		o, err := respObject(raw, "tool_choice")
 		if err != nil {
@@ -774,7 +756,7 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 				return nil, err
 			}
 			if name == "" {
-				return nil, respInvalid("tool_choice.name is required")
+				return nil, invalidRequest("tool_choice.name is required")
 			}
 			b, _ := json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": name}})
 			return b, nil
@@ -789,11 +771,11 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 			}
 			return json.RawMessage(`"auto"`), nil
 		case "":
-			return nil, respInvalid("tool_choice.type is required")
+			return nil, invalidRequest("tool_choice.type is required")
 		}
 		return nil, nil // a hosted or custom tool: not forwarded, so neither is the choice
 	}
-	return nil, respInvalid("tool_choice must be a string or an object")
+	return nil, invalidRequest("tool_choice must be a string or an object")
 }
 
 // ---------------------------------------------------------------------------------------
