@@ -1,0 +1,91 @@
+package bolt
+
+import (
+	"errors"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+type writeReq struct {
+	fn   func(*bolt.Tx) error
+	done chan error
+}
+
+// maxGroup bounds the writes one group-commit transaction takes.
+const maxGroup = 256
+
+// write runs fn in a read-write transaction and returns once it is committed and fsynced
+// (or failed). fn may run more than once (after another write of its group failed), each
+// time in a fresh transaction, so it must read what it depends on from tx.
+func (s *Store) write(fn func(*bolt.Tx) error) error {
+	s.wmu.RLock()
+	if s.closed {
+		s.wmu.RUnlock()
+		return ErrClosed
+	}
+	switch s.opt.Commit {
+	case CommitUpdate:
+		defer s.wmu.RUnlock()
+		return s.db.Update(fn)
+	case CommitBatch:
+		defer s.wmu.RUnlock()
+		return s.db.Batch(fn)
+	}
+	r := &writeReq{fn: fn, done: make(chan error, 1)}
+	s.writes <- r
+	s.wmu.RUnlock()
+	return <-r.done
+}
+
+// failed carries the write of a group that failed, so that the others can be retried.
+type failed struct {
+	i   int
+	err error
+}
+
+func (f *failed) Error() string { return f.err.Error() }
+
+// committer is the group-commit loop: it takes the writes queued while the previous
+// transaction was committing and commits them in one transaction. When one fails, that
+// one gets its error and the others are retried one transaction each.
+func (s *Store) committer() {
+	defer close(s.done)
+	group := make([]*writeReq, 0, maxGroup)
+	for r := range s.writes {
+		group = append(group[:0], r)
+	drain:
+		for len(group) < maxGroup {
+			select {
+			case r, ok := <-s.writes:
+				if !ok {
+					break drain
+				}
+				group = append(group, r)
+			default:
+				break drain
+			}
+		}
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			for i, r := range group {
+				if err := r.fn(tx); err != nil {
+					return &failed{i, err}
+				}
+			}
+			return nil
+		})
+		var f *failed
+		if !errors.As(err, &f) {
+			for _, r := range group {
+				r.done <- err
+			}
+			continue
+		}
+		for i, r := range group {
+			if i == f.i {
+				r.done <- f.err
+				continue
+			}
+			r.done <- s.db.Update(r.fn)
+		}
+	}
+}

@@ -1,0 +1,733 @@
+// Package bolt is floe's durable trace store on bbolt: sessions and their API keys, every
+// recorded call with its token ids and log-probabilities, session outcomes, GRPO groups,
+// and the READY buffer's steps with their commit state.
+//
+// *Store satisfies the proxy's Recorder and Sessions interfaces. A call is durable when
+// Record returns: every write is an fsynced bbolt transaction, and writes that arrive
+// while one is in flight are committed together in the next (group commit), so
+// concurrent sessions share an fsync without a timer delaying a lone caller.
+//
+// A prompt is stored by reference: against the longest prefix it shares with an earlier
+// call's prompt ++ response in the same session, so disk grows with the distinct tokens
+// of a session, not with the sum of its prompt lengths. See encode.go for the format.
+package bolt
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/floe-rl/floe/trace"
+)
+
+// FormatVersion is the on-disk format this package writes and the newest it reads.
+const FormatVersion = 1
+
+// FileName is the database file inside the data dir.
+const FileName = "floe.db"
+
+var (
+	// ErrUnknownSession: no session with that id (or key).
+	ErrUnknownSession = errors.New("unknown session")
+	// ErrSessionExists: CreateSession with an id already in the store.
+	ErrSessionExists = errors.New("session already exists")
+	// ErrSessionFinished: the session was already finished; it takes no calls and no
+	// second finish.
+	ErrSessionFinished = errors.New("session already finished")
+	// ErrUnknownGroup: no group with that id.
+	ErrUnknownGroup = errors.New("unknown group")
+	// ErrUnknownStep: CommitStep of a step never saved.
+	ErrUnknownStep = errors.New("unknown step")
+	// ErrCommitted: the step was committed already (exactly once, across restarts).
+	ErrCommitted = errors.New("step already committed")
+	// ErrFormat: the file was written by a newer floe, or is not a floe store.
+	ErrFormat = errors.New("unsupported store format")
+	// ErrCorrupt: the file is not a readable bbolt database, or a record in it does not
+	// decode. The file is never truncated or recreated.
+	ErrCorrupt = errors.New("corrupt store")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("store closed")
+)
+
+// CommitMode is how writes reach disk. Every mode fsyncs before the write returns.
+type CommitMode int
+
+const (
+	// CommitGroup (default): one writer goroutine; writes that queue while a transaction
+	// is being committed go into the next transaction together. No added delay for a lone
+	// writer.
+	CommitGroup CommitMode = iota
+	// CommitUpdate: each write is its own bbolt Update (one fsync each).
+	CommitUpdate
+	// CommitBatch: bbolt's DB.Batch (coalesces for up to MaxBatchDelay, default 10ms).
+	CommitBatch
+)
+
+// Options configures a Store. The zero value is the production setting.
+type Options struct {
+	Commit CommitMode
+	// LockTimeout bounds the wait for the file lock another process holds (default 2s).
+	LockTimeout time.Duration
+}
+
+var (
+	bMeta     = []byte("meta")
+	bKeys     = []byte("keys")
+	bSessions = []byte("sessions")
+	bGroups   = []byte("groups")
+	bSteps    = []byte("steps")
+	kFormat   = []byte("format")
+	kInfo     = []byte("info")
+	kCalls    = []byte("calls")
+	kMembers  = []byte("sessions")
+)
+
+// Store is the durable trace store. Its methods are safe for concurrent use.
+type Store struct {
+	db   *bolt.DB
+	path string
+	opt  Options
+
+	mu    sync.Mutex // guards cache
+	cache map[string]*sessCache
+
+	wmu    sync.RWMutex // guards closed and the send side of writes
+	closed bool
+	writes chan *writeReq
+	done   chan struct{}
+}
+
+// New opens the store <dir>/floe.db, creating dir and an empty store when there is none.
+// A file with a newer format version, a bbolt file that is not a floe store, or a file
+// that is not a valid bbolt database is refused with an error wrapping ErrFormat or
+// ErrCorrupt; the file is left as it is.
+func New(dir string, opt Options) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("trace store: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	if opt.LockTimeout <= 0 {
+		opt.LockTimeout = 2 * time.Second
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		// bbolt would initialise an empty file in place; an empty floe.db is not one floe
+		// wrote (bbolt writes its meta pages before Open returns), so refuse it.
+		return nil, fmt.Errorf("%w: %s is empty (0 bytes), not a floe store; move it away to start fresh", ErrCorrupt, path)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opt.LockTimeout})
+	if err != nil {
+		switch {
+		case errors.Is(err, berrors.ErrTimeout):
+			return nil, fmt.Errorf("trace store %s: locked by another process (is another floe running on this data dir?): %w", path, err)
+		case errors.Is(err, berrors.ErrVersionMismatch):
+			return nil, fmt.Errorf("%w: %s: bbolt file version mismatch: %v", ErrFormat, path, err)
+		case errors.As(err, new(*fs.PathError)):
+			return nil, fmt.Errorf("trace store %s: %w", path, err)
+		default: // ErrInvalid, ErrChecksum, "file size too small", …
+			return nil, fmt.Errorf("%w: %s is not a readable bbolt database (left untouched): %v", ErrCorrupt, path, err)
+		}
+	}
+	if err := initialise(db, path); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}}
+	if opt.Commit == CommitGroup {
+		s.writes = make(chan *writeReq, 256)
+		s.done = make(chan struct{})
+		go s.committer()
+	}
+	return s, nil
+}
+
+// initialise checks the format of an existing store or writes the buckets of a new one.
+func initialise(db *bolt.DB, path string) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bMeta)
+		if meta == nil {
+			empty := true
+			tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
+			if !empty {
+				return fmt.Errorf("%w: %s is a bbolt database without floe's meta bucket: not a floe store", ErrFormat, path)
+			}
+			m, err := tx.CreateBucket(bMeta)
+			if err != nil {
+				return err
+			}
+			if err := m.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion)); err != nil {
+				return err
+			}
+			for _, b := range [][]byte{bKeys, bSessions, bGroups, bSteps} {
+				if _, err := tx.CreateBucket(b); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		v := meta.Get(kFormat)
+		if len(v) != 4 {
+			return fmt.Errorf("%w: %s has no readable format version", ErrCorrupt, path)
+		}
+		if got := binary.BigEndian.Uint32(v); got != FormatVersion {
+			return fmt.Errorf("%w: %s has format version %d; this floe reads format version %d (use the floe that wrote it, or a new data dir)",
+				ErrFormat, path, got, FormatVersion)
+		}
+		for _, b := range [][]byte{bKeys, bSessions, bGroups, bSteps} {
+			if tx.Bucket(b) == nil {
+				return fmt.Errorf("%w: %s lacks bucket %q", ErrCorrupt, path, b)
+			}
+		}
+		return nil
+	})
+}
+
+// Path is the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close flushes queued writes and closes the file. Writes after Close fail with ErrClosed.
+func (s *Store) Close() error {
+	s.wmu.Lock()
+	if s.closed {
+		s.wmu.Unlock()
+		return nil
+	}
+	s.closed = true
+	if s.writes != nil {
+		close(s.writes)
+	}
+	s.wmu.Unlock()
+	if s.done != nil {
+		<-s.done
+	}
+	return s.db.Close()
+}
+
+// sessionInfo is a session's record, JSON in its bucket under "info".
+type sessionInfo struct {
+	Task     string       `json:"task"`
+	Group    string       `json:"group"`
+	Status   trace.Status `json:"status"`
+	Reward   float64      `json:"reward"`
+	Created  time.Time    `json:"created"`
+	Finished time.Time    `json:"finished,omitzero"`
+	Stored   int          `json:"stored"`     // calls stored (next storage seq)
+	Next     int          `json:"next_index"` // next call index
+}
+
+// groupInfo is a group's record, JSON under "info" in its bucket.
+type groupInfo struct {
+	Task       string `json:"task"`
+	Size       int    `json:"size,omitempty"`
+	Step       int64  `json:"step"` // -1 until SaveStep puts the group into a step
+	Dropped    bool   `json:"dropped,omitempty"`
+	DropReason string `json:"drop_reason,omitempty"`
+}
+
+func seqKey(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+
+func getJSON(b *bolt.Bucket, key []byte, v any, what string) error {
+	raw := b.Get(key)
+	if raw == nil {
+		return fmt.Errorf("%w: %s has no record", ErrCorrupt, what)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrCorrupt, what, err)
+	}
+	return nil
+}
+
+func putJSON(b *bolt.Bucket, key []byte, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put(key, raw)
+}
+
+func sessionBucket(tx *bolt.Tx, id string) (*bolt.Bucket, sessionInfo, error) {
+	var info sessionInfo
+	b := tx.Bucket(bSessions).Bucket([]byte(id))
+	if b == nil {
+		return nil, info, fmt.Errorf("%w: %q", ErrUnknownSession, id)
+	}
+	return b, info, getJSON(b, kInfo, &info, "session "+id)
+}
+
+func groupBucket(tx *bolt.Tx, id string) (*bolt.Bucket, groupInfo, error) {
+	var info groupInfo
+	b := tx.Bucket(bGroups).Bucket([]byte(id))
+	if b == nil {
+		return nil, info, fmt.Errorf("%w: %q", ErrUnknownGroup, id)
+	}
+	return b, info, getJSON(b, kInfo, &info, "group "+id)
+}
+
+// CreateSession stores a new running session s (its ID, TaskID and GroupID; other fields
+// are ignored) and, when key is not empty, key as its API key. The session joins group
+// s.GroupID, created on first use; every session of a group must have the group's task.
+func (s *Store) CreateSession(sess trace.Session, key string) error {
+	if sess.ID == "" {
+		return errors.New("create session: empty id")
+	}
+	return s.write(func(tx *bolt.Tx) error { return createSession(tx, sess, key) })
+}
+
+func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
+	all := tx.Bucket(bSessions)
+	if all.Bucket([]byte(sess.ID)) != nil {
+		return fmt.Errorf("create session: %w: %q", ErrSessionExists, sess.ID)
+	}
+	keys := tx.Bucket(bKeys)
+	if key != "" {
+		if old := keys.Get([]byte(key)); old != nil && string(old) != sess.ID {
+			return fmt.Errorf("create session %q: key is already the key of session %q", sess.ID, old)
+		}
+	}
+	if sess.GroupID != "" {
+		groups := tx.Bucket(bGroups)
+		g := groups.Bucket([]byte(sess.GroupID))
+		if g == nil {
+			var err error
+			if g, err = groups.CreateBucket([]byte(sess.GroupID)); err != nil {
+				return err
+			}
+			if _, err := g.CreateBucket(kMembers); err != nil {
+				return err
+			}
+			if err := putJSON(g, kInfo, groupInfo{Task: sess.TaskID, Step: -1}); err != nil {
+				return err
+			}
+		}
+		var gi groupInfo
+		if err := getJSON(g, kInfo, &gi, "group "+sess.GroupID); err != nil {
+			return err
+		}
+		if gi.Task != sess.TaskID {
+			return fmt.Errorf("create session %q: group %q is for task %q, not %q", sess.ID, sess.GroupID, gi.Task, sess.TaskID)
+		}
+		if gi.Step >= 0 || gi.Dropped {
+			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v)", sess.ID, sess.GroupID, gi.Step, gi.Dropped)
+		}
+		m := g.Bucket(kMembers)
+		n, _ := m.NextSequence()
+		if err := m.Put(seqKey(n), []byte(sess.ID)); err != nil {
+			return err
+		}
+	}
+	b, err := all.CreateBucket([]byte(sess.ID))
+	if err != nil {
+		return err
+	}
+	if _, err := b.CreateBucket(kCalls); err != nil {
+		return err
+	}
+	info := sessionInfo{Task: sess.TaskID, Group: sess.GroupID, Status: trace.StatusRunning, Created: time.Now().UTC()}
+	if err := putJSON(b, kInfo, info); err != nil {
+		return err
+	}
+	if key != "" {
+		return keys.Put([]byte(key), []byte(sess.ID))
+	}
+	return nil
+}
+
+// AddKey makes key resolve to session.
+func (s *Store) AddKey(key, session string) error {
+	if key == "" {
+		return errors.New("add key: empty key")
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		if tx.Bucket(bSessions).Bucket([]byte(session)) == nil {
+			return fmt.Errorf("add key: %w: %q", ErrUnknownSession, session)
+		}
+		keys := tx.Bucket(bKeys)
+		if old := keys.Get([]byte(key)); old != nil && string(old) != session {
+			return fmt.Errorf("add key: key is already the key of session %q", old)
+		}
+		return keys.Put([]byte(key), []byte(session))
+	})
+}
+
+// Resolve returns the session of key (proxy.Sessions).
+func (s *Store) Resolve(key string) (string, bool) {
+	var id string
+	s.db.View(func(tx *bolt.Tx) error { //nolint:errcheck
+		if v := tx.Bucket(bKeys).Get([]byte(key)); v != nil {
+			id = string(v)
+		}
+		return nil
+	})
+	return id, id != ""
+}
+
+// Open resolves key, creating a session with id key (no task, no group) and key as its key
+// when the key is unknown (proxy.Sessions, for open sessions).
+func (s *Store) Open(key string) (string, error) {
+	if key == "" {
+		return "", errors.New("open session: empty key")
+	}
+	var id string
+	err := s.write(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bKeys).Get([]byte(key)); v != nil {
+			id = string(v)
+			return nil
+		}
+		id = key
+		if tx.Bucket(bSessions).Bucket([]byte(key)) != nil {
+			return tx.Bucket(bKeys).Put([]byte(key), []byte(key))
+		}
+		return createSession(tx, trace.Session{ID: key}, key)
+	})
+	return id, err
+}
+
+// FinishSession records the outcome of a running session. It fails with ErrUnknownSession
+// or ErrSessionFinished, and for a status other than completed, failed or timeout or a
+// reward that is not finite. Calls recorded after it are refused.
+func (s *Store) FinishSession(id string, reward float64, status trace.Status) error {
+	switch status {
+	case trace.StatusCompleted, trace.StatusFailed, trace.StatusTimeout:
+	default:
+		return fmt.Errorf("finish session %q: status %q is not completed, failed or timeout", id, status)
+	}
+	if math.IsNaN(reward) || math.IsInf(reward, 0) {
+		return fmt.Errorf("finish session %q: reward %v is not finite", id, reward)
+	}
+	sc := s.sessionCache(id)
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	err := s.write(func(tx *bolt.Tx) error {
+		b, info, err := sessionBucket(tx, id)
+		if err != nil {
+			return fmt.Errorf("finish session: %w", err)
+		}
+		if info.Status != trace.StatusRunning {
+			return fmt.Errorf("finish session %q: %w (%s)", id, ErrSessionFinished, info.Status)
+		}
+		info.Status, info.Reward, info.Finished = status, reward, time.Now().UTC()
+		return putJSON(b, kInfo, info)
+	})
+	s.dropCache(id, sc)
+	return err
+}
+
+// SetGroupSize records how many sessions make group id complete (the control API's
+// group_size), so that FinishedGroups knows after a restart.
+func (s *Store) SetGroupSize(id string, size int) error {
+	if size < 0 {
+		return fmt.Errorf("group %q: negative size %d", id, size)
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		b, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		gi.Size = size
+		return putJSON(b, kInfo, gi)
+	})
+}
+
+// DropGroup marks a group dropped (too few usable sessions, timed out): it is never
+// listed by FinishedGroups again.
+func (s *Store) DropGroup(id, reason string) error {
+	return s.write(func(tx *bolt.Tx) error {
+		b, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		if gi.Step >= 0 {
+			return fmt.Errorf("drop group %q: it is in step %d", id, gi.Step)
+		}
+		gi.Dropped, gi.DropReason = true, reason
+		return putJSON(b, kInfo, gi)
+	})
+}
+
+// Session returns session id with all its calls, prompts reconstructed in full.
+func (s *Store) Session(id string) (trace.Session, error) {
+	var out trace.Session
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		out, _, err = readSession(tx, id, true)
+		return err
+	})
+	return out, err
+}
+
+// readSession reads a session; with calls, its calls too, and the full sequences and
+// last JSON fields a Record cache needs.
+func readSession(tx *bolt.Tx, id string, calls bool) (trace.Session, *sessCache, error) {
+	b, info, err := sessionBucket(tx, id)
+	if err != nil {
+		return trace.Session{}, nil, err
+	}
+	out := trace.Session{ID: id, TaskID: info.Task, GroupID: info.Group, Reward: info.Reward, Status: info.Status}
+	sc := &sessCache{loaded: true, stored: info.Stored, next: info.Next, finished: info.Status != trace.StatusRunning}
+	if !calls {
+		return out, sc, nil
+	}
+	cb := b.Bucket(kCalls)
+	fulls := make([][]int32, 0, info.Stored)
+	out.Calls = make([]trace.Call, 0, info.Stored)
+	cur := cb.Cursor()
+	for k, v := cur.First(); k != nil; k, v = cur.Next() {
+		seq := len(fulls)
+		if len(k) != 8 || binary.BigEndian.Uint64(k) != uint64(seq) {
+			return trace.Session{}, nil, fmt.Errorf("%w: session %q: call key %x where seq %d was expected", ErrCorrupt, id, k, seq)
+		}
+		c, full, err := decodeCall(v, id, seq, fulls, &sc.blobs)
+		if err != nil {
+			return trace.Session{}, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+		fulls = append(fulls, full)
+		out.Calls = append(out.Calls, c)
+	}
+	if len(fulls) != info.Stored {
+		return trace.Session{}, nil, fmt.Errorf("%w: session %q: %d calls stored, record says %d", ErrCorrupt, id, len(fulls), info.Stored)
+	}
+	for seq, full := range fulls {
+		sc.addTip(seq, full, len(out.Calls[seq].PromptIDs))
+	}
+	return out, sc, nil
+}
+
+// Group returns group id with every session (in creation order) and its calls.
+func (s *Store) Group(id string) (trace.Group, error) {
+	var out trace.Group
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		out = trace.Group{ID: id, TaskID: gi.Task}
+		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+			sess, _, err := readSession(tx, string(sid), true)
+			if err != nil {
+				return err
+			}
+			out.Sessions = append(out.Sessions, sess)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// GroupState is a group's bookkeeping, without calls.
+type GroupState struct {
+	ID         string
+	TaskID     string
+	Size       int // 0 when never set
+	Sessions   int // sessions created in the group
+	Finished   int // of which finished
+	Step       int64
+	Dropped    bool
+	DropReason string
+}
+
+// Groups lists every group's state, by id.
+func (s *Store) Groups() ([]GroupState, error) {
+	var out []GroupState
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bGroups).ForEachBucket(func(gid []byte) error {
+			b, gi, err := groupBucket(tx, string(gid))
+			if err != nil {
+				return err
+			}
+			st := GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped, DropReason: gi.DropReason}
+			err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+				_, info, err := sessionBucket(tx, string(sid))
+				if err != nil {
+					return err
+				}
+				st.Sessions++
+				if info.Status != trace.StatusRunning {
+					st.Finished++
+				}
+				return nil
+			})
+			out = append(out, st)
+			return err
+		})
+	})
+	return out, err
+}
+
+// FinishedGroups lists the groups ready to be formed into a step: every session
+// finished, at least Size sessions when a size was set, not dropped, in no step yet.
+func (s *Store) FinishedGroups() ([]string, error) {
+	gs, err := s.Groups()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, g := range gs {
+		if g.Sessions > 0 && g.Finished == g.Sessions && g.Sessions >= g.Size && !g.Dropped && g.Step < 0 {
+			out = append(out, g.ID)
+		}
+	}
+	return out, nil
+}
+
+// UnfinishedSessions lists the running sessions (without calls), by id.
+func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
+	var out []trace.Session
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
+			sess, _, err := readSession(tx, string(id), false)
+			if err == nil && sess.Status == trace.StatusRunning {
+				out = append(out, sess)
+			}
+			return err
+		})
+	})
+	return out, err
+}
+
+// StepRecord is a saved step: its number and the groups it was formed from, in order.
+type StepRecord struct {
+	N         int64
+	Groups    []string
+	Committed bool
+	Saved     time.Time
+}
+
+type stepValue struct {
+	Groups    []string  `json:"groups"`
+	Committed bool      `json:"committed"`
+	Saved     time.Time `json:"saved"`
+	CommitAt  time.Time `json:"committed_at,omitzero"`
+}
+
+// SaveStep records that step n is formed from groups (in that order). It is durable when
+// SaveStep returns; saving the same step again with the same groups is a no-op, with other
+// groups an error, and a committed step fails with ErrCommitted. A group can be in one
+// step only.
+func (s *Store) SaveStep(n int64, groupIDs []string) error {
+	if n < 0 {
+		return fmt.Errorf("save step %d: negative step", n)
+	}
+	if len(groupIDs) == 0 {
+		return fmt.Errorf("save step %d: no groups", n)
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		steps := tx.Bucket(bSteps)
+		if raw := steps.Get(seqKey(uint64(n))); raw != nil {
+			var sv stepValue
+			if err := json.Unmarshal(raw, &sv); err != nil {
+				return fmt.Errorf("%w: step %d: %v", ErrCorrupt, n, err)
+			}
+			if sv.Committed {
+				return fmt.Errorf("save step %d: %w", n, ErrCommitted)
+			}
+			if !equalStrings(sv.Groups, groupIDs) {
+				return fmt.Errorf("save step %d: already saved with groups %q, not %q", n, sv.Groups, groupIDs)
+			}
+			return nil
+		}
+		for _, gid := range groupIDs {
+			b, gi, err := groupBucket(tx, gid)
+			if err != nil {
+				return fmt.Errorf("save step %d: %w", n, err)
+			}
+			if gi.Step >= 0 || gi.Dropped {
+				return fmt.Errorf("save step %d: group %q is already in step %d (dropped %v)", n, gid, gi.Step, gi.Dropped)
+			}
+			gi.Step = n
+			if err := putJSON(b, kInfo, gi); err != nil {
+				return err
+			}
+		}
+		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, Saved: time.Now().UTC()})
+	})
+}
+
+// CommitStep records that the trainer consumed step n. Exactly once: a second commit,
+// before or after a restart, fails with an error wrapping ErrCommitted; a step never
+// saved fails with ErrUnknownStep.
+func (s *Store) CommitStep(n int64) error {
+	return s.write(func(tx *bolt.Tx) error {
+		steps := tx.Bucket(bSteps)
+		raw := steps.Get(seqKey(uint64(n)))
+		if n < 0 || raw == nil {
+			return fmt.Errorf("commit step %d: %w", n, ErrUnknownStep)
+		}
+		var sv stepValue
+		if err := json.Unmarshal(raw, &sv); err != nil {
+			return fmt.Errorf("%w: step %d: %v", ErrCorrupt, n, err)
+		}
+		if sv.Committed {
+			return fmt.Errorf("commit step %d: %w", n, ErrCommitted)
+		}
+		sv.Committed, sv.CommitAt = true, time.Now().UTC()
+		return putJSON(steps, seqKey(uint64(n)), sv)
+	})
+}
+
+// Steps returns the saved steps not yet committed (by step number), which a restarted
+// sidecar forms again from their groups and serves; and the highest committed step
+// number (-1 when none), below which and at which nothing is served again. New steps are
+// numbered after both.
+func (s *Store) Steps() (uncommitted []StepRecord, lastCommitted int64, err error) {
+	lastCommitted = -1
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
+			var sv stepValue
+			if len(k) != 8 {
+				return fmt.Errorf("%w: step key %x", ErrCorrupt, k)
+			}
+			if err := json.Unmarshal(v, &sv); err != nil {
+				return fmt.Errorf("%w: step %x: %v", ErrCorrupt, k, err)
+			}
+			n := int64(binary.BigEndian.Uint64(k))
+			if sv.Committed {
+				lastCommitted = max(lastCommitted, n)
+				return nil
+			}
+			uncommitted = append(uncommitted, StepRecord{N: n, Groups: sv.Groups, Saved: sv.Saved})
+			return nil
+		})
+	})
+	sort.Slice(uncommitted, func(i, j int) bool { return uncommitted[i].N < uncommitted[j].N })
+	return uncommitted, lastCommitted, err
+}
+
+// StepCommitted reports whether step n was committed.
+func (s *Store) StepCommitted(n int64) (bool, error) {
+	var committed bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bSteps).Get(seqKey(uint64(n)))
+		if n < 0 || raw == nil {
+			return fmt.Errorf("step %d: %w", n, ErrUnknownStep)
+		}
+		var sv stepValue
+		if err := json.Unmarshal(raw, &sv); err != nil {
+			return fmt.Errorf("%w: step %d: %v", ErrCorrupt, n, err)
+		}
+		committed = sv.Committed
+		return nil
+	})
+	return committed, err
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
