@@ -23,13 +23,14 @@ type Recorder interface {
 	Record(ctx context.Context, c *trace.Call) error
 }
 
-// MemStore is an in-memory Sessions and Recorder: for tests and for runs that need no
-// durability. Keys are sessions: a key resolves to itself once added.
+// MemStore is an in-memory Sessions and Recorder, and keeps sessions' task, group and
+// outcome: for tests and for runs that need no durability (floe proxy).
 type MemStore struct {
-	mu    sync.Mutex
-	keys  map[string]string
-	calls map[string][]trace.Call
-	next  map[string]int
+	mu       sync.Mutex
+	keys     map[string]string
+	calls    map[string][]trace.Call
+	next     map[string]int
+	sessions map[string]*trace.Session
 }
 
 var (
@@ -78,6 +79,55 @@ func (m *MemStore) Record(_ context.Context, c *trace.Call) error {
 	}
 	m.calls[c.SessionID] = append(m.calls[c.SessionID], *c)
 	return nil
+}
+
+// CreateSession registers s (running) with its API key.
+func (m *MemStore) CreateSession(s trace.Session, key string) error {
+	m.mu.Lock()
+	if m.sessions == nil {
+		m.sessions = map[string]*trace.Session{}
+	}
+	if _, ok := m.sessions[s.ID]; ok {
+		m.mu.Unlock()
+		return fmt.Errorf("session %q exists", s.ID)
+	}
+	s.Status, s.Calls = trace.StatusRunning, nil
+	m.sessions[s.ID] = &s
+	m.mu.Unlock()
+	m.AddSession(key, s.ID)
+	m.AddSession(s.ID, s.ID) // x-floe-session: <id>
+	return nil
+}
+
+// SetGroupSize is a no-op: MemStore forms no groups.
+func (m *MemStore) SetGroupSize(string, int) error { return nil }
+
+// FinishSession records the session's reward and outcome, once.
+func (m *MemStore) FinishSession(id string, reward float64, status trace.Status) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sessions[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("no session %q", id)
+	case s.Status != trace.StatusRunning:
+		return fmt.Errorf("session %q already finished (%s)", id, s.Status)
+	}
+	s.Reward, s.Status = reward, status
+	return nil
+}
+
+// Session returns the session with its calls.
+func (m *MemStore) Session(id string) (trace.Session, error) {
+	m.mu.Lock()
+	s, ok := m.sessions[id]
+	m.mu.Unlock()
+	if !ok {
+		return trace.Session{}, fmt.Errorf("no session %q", id)
+	}
+	out := *s
+	out.Calls = m.Calls(id)
+	return out, nil
 }
 
 // Calls returns a copy of the calls recorded for session.

@@ -7,13 +7,17 @@ import (
 	"sync"
 
 	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/proxy"
 )
 
-// TrainerControl holds the trainer-facing control state: whether rollouts are paused for
-// a weight sync, the current policy version, and each rank's last report. The proxy will
-// consult it before every upstream call.
+// TrainerControl is the trainer-facing control state: pausing rollouts for a weight sync
+// (through the proxy's gate, when there is one), the policy version, and each rank's last
+// report.
 type TrainerControl struct {
 	Log *slog.Logger
+	// Gate, when set, is the proxy's: pause holds new upstream calls and waits for those
+	// in flight.
+	Gate *proxy.Gate
 
 	mu      sync.Mutex
 	paused  bool
@@ -23,7 +27,12 @@ type TrainerControl struct {
 
 var _ arrowflight.Control = (*TrainerControl)(nil)
 
-func (c *TrainerControl) Pause(context.Context) (int64, error) {
+func (c *TrainerControl) Pause(ctx context.Context) (int64, error) {
+	if c.Gate != nil {
+		if _, err := c.Gate.Pause(ctx); err != nil {
+			return 0, err
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.paused = true
@@ -36,6 +45,11 @@ func (c *TrainerControl) Resume(_ context.Context, v int64) error {
 	defer c.mu.Unlock()
 	if v < c.version {
 		return fmt.Errorf("policy version %d is older than the current %d", v, c.version)
+	}
+	if c.Gate != nil {
+		if err := c.Gate.Resume(v); err != nil {
+			return err
+		}
 	}
 	c.paused, c.version = false, v
 	c.logger().Info("rollouts resumed", "policy_version", v)

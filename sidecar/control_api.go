@@ -9,20 +9,35 @@ import (
 	"sync"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/trace"
 )
 
+// SessionStore is what the control API needs of the trace store: proxy.MemStore or the
+// durable bolt.Store.
+type SessionStore interface {
+	CreateSession(s trace.Session, key string) error
+	SetGroupSize(group string, size int) error
+	FinishSession(id string, reward float64, status trace.Status) error
+	Session(id string) (trace.Session, error)
+}
+
 // ControlAPI is the session and control HTTP API under /floe/v1 (docs/control.md):
-// harness runners create sessions and read what was recorded; a trainer without Flight
-// can pause and resume rollouts. The proxy serves every other path.
+// harness runners create sessions, finish them with their reward and read what was
+// recorded; a trainer without Flight can pause and resume rollouts. The proxy serves
+// every other path.
 type ControlAPI struct {
-	Store *proxy.MemStore
+	Store SessionStore
 	Gate  *proxy.Gate
 	// BaseURL is the proxy's address as harnesses reach it, for the base_urls of a new
 	// session.
 	BaseURL string
+	// DefaultGroupSize completes a named group that gave no group_size (0: no size).
+	DefaultGroupSize int
+	// Finished, when set, is called after a session finished (the step former wakes up).
+	Finished func()
 
 	mu       sync.Mutex
-	sessions map[string]sessionInfo
+	sessions int
 }
 
 type sessionInfo struct {
@@ -48,6 +63,7 @@ func (c *ControlAPI) Handler(next http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /floe/v1/sessions", c.createSession)
 	mux.HandleFunc("GET /floe/v1/sessions/{id}", c.getSession)
+	mux.HandleFunc("POST /floe/v1/sessions/{id}/finish", c.finishSession)
 	mux.HandleFunc("POST /floe/v1/pause", c.pause)
 	mux.HandleFunc("POST /floe/v1/resume", c.resume)
 	mux.HandleFunc("GET /floe/v1/status", c.status)
@@ -68,31 +84,78 @@ func (c *ControlAPI) createSession(w http.ResponseWriter, r *http.Request) {
 		c.error(w, http.StatusBadRequest, "task_id is required")
 		return
 	}
-	id, key := "sess-"+token(8), "sk-floe-"+token(16)
-	c.mu.Lock()
-	if c.sessions == nil {
-		c.sessions = map[string]sessionInfo{}
+	if req.GroupSize < 0 {
+		c.error(w, http.StatusBadRequest, "group_size %d must not be negative", req.GroupSize)
+		return
 	}
-	c.sessions[id] = req
+	id, key := "sess-"+token(8), "sk-floe-"+token(16)
+	group := req.GroupID
+	if group == "" {
+		group = id // a session alone is a group of one
+	}
+	if err := c.Store.CreateSession(trace.Session{ID: id, TaskID: req.TaskID, GroupID: group}, key); err != nil {
+		c.error(w, http.StatusConflict, "create session: %v", err)
+		return
+	}
+	size := req.GroupSize
+	if size == 0 && req.GroupID != "" {
+		size = c.DefaultGroupSize
+	}
+	if size > 0 {
+		if err := c.Store.SetGroupSize(group, size); err != nil {
+			c.error(w, http.StatusConflict, "group %q: %v", group, err)
+			return
+		}
+	}
+	c.mu.Lock()
+	c.sessions++
 	c.mu.Unlock()
-	c.Store.AddSession(key, id)
-	c.Store.AddSession(id, id) // x-floe-session: <id> works too
-	c.reply(w, map[string]any{"session_id": id, "api_key": key, "base_urls": map[string]string{
+	c.reply(w, map[string]any{"session_id": id, "api_key": key, "group_id": group, "base_urls": map[string]string{
 		"anthropic": c.BaseURL, "openai": c.BaseURL + "/v1", "gemini": c.BaseURL,
 	}})
 }
 
 func (c *ControlAPI) getSession(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	c.mu.Lock()
-	info, ok := c.sessions[id]
-	c.mu.Unlock()
-	if !ok {
-		c.error(w, http.StatusNotFound, "no session %q", id)
+	s, err := c.Store.Session(id)
+	if err != nil {
+		c.error(w, http.StatusNotFound, "%v", err)
 		return
 	}
-	c.reply(w, map[string]any{"session_id": id, "task_id": info.TaskID, "group_id": info.GroupID,
-		"metadata": info.Metadata, "calls": c.Store.Calls(id)})
+	calls := s.Calls
+	if calls == nil {
+		calls = []trace.Call{}
+	}
+	c.reply(w, map[string]any{"session_id": id, "task_id": s.TaskID, "group_id": s.GroupID,
+		"status": s.Status, "reward": s.Reward, "calls": calls})
+}
+
+func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Reward *float64     `json:"reward"`
+		Status trace.Status `json:"status"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.Reward == nil {
+		c.error(w, http.StatusBadRequest, `body must be {"reward": number, "status": "completed"|"failed"|"timeout"}`)
+		return
+	}
+	switch req.Status {
+	case "":
+		req.Status = trace.StatusCompleted
+	case trace.StatusCompleted, trace.StatusFailed, trace.StatusTimeout:
+	default:
+		c.error(w, http.StatusBadRequest, "status %q is not completed, failed or timeout", req.Status)
+		return
+	}
+	id := r.PathValue("id")
+	if err := c.Store.FinishSession(id, *req.Reward, req.Status); err != nil {
+		c.error(w, http.StatusConflict, "finish: %v", err)
+		return
+	}
+	if c.Finished != nil {
+		c.Finished()
+	}
+	c.reply(w, map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward})
 }
 
 func (c *ControlAPI) pause(w http.ResponseWriter, r *http.Request) {
@@ -122,7 +185,7 @@ func (c *ControlAPI) resume(w http.ResponseWriter, r *http.Request) {
 func (c *ControlAPI) status(w http.ResponseWriter, _ *http.Request) {
 	paused, version, inflight := c.Gate.State()
 	c.mu.Lock()
-	n := len(c.sessions)
+	n := c.sessions
 	c.mu.Unlock()
 	c.reply(w, map[string]any{"paused": paused, "policy_version": version, "inflight": inflight, "sessions": n})
 }

@@ -44,8 +44,17 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		t.Errorf("base_urls %v", urls)
 	}
 	_ = store.Record(context.Background(), &trace.Call{SessionID: id, PromptIDs: []int32{1}})
-	if code, got := do("GET", "/floe/v1/sessions/"+id, ""); code != 200 || got["task_id"] != "t1" || len(got["calls"].([]any)) != 1 {
+	if code, got := do("GET", "/floe/v1/sessions/"+id, ""); code != 200 || got["task_id"] != "t1" || got["group_id"] != "g1" ||
+		got["status"] != "running" || len(got["calls"].([]any)) != 1 {
 		t.Errorf("get: %d %v", code, got)
+	}
+	finished := 0
+	api.Finished = func() { finished++ }
+	if code, got := do("POST", "/floe/v1/sessions/"+id+"/finish", `{"reward": 0.5, "status": "failed"}`); code != 200 || finished != 1 {
+		t.Errorf("finish: %d %v (hook called %d times)", code, got, finished)
+	}
+	if code, got := do("GET", "/floe/v1/sessions/"+id, ""); got["status"] != "failed" || got["reward"] != 0.5 {
+		t.Errorf("after finish: %d %v", code, got)
 	}
 	for _, tt := range []struct {
 		method, path, body string
@@ -55,6 +64,10 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		{"POST", "/floe/v1/sessions", `nope`, 400},
 		{"GET", "/floe/v1/sessions/nope", "", 404},
 		{"POST", "/floe/v1/resume", `{}`, 400},
+		{"POST", "/floe/v1/sessions/" + id + "/finish", `{"reward": 1}`, 409},
+		{"POST", "/floe/v1/sessions/nope/finish", `{"reward": 1}`, 409},
+		{"POST", "/floe/v1/sessions/" + id + "/finish", `{"status": "completed"}`, 400},
+		{"POST", "/floe/v1/sessions/" + id + "/finish", `{"reward": 1, "status": "won"}`, 400},
 		{"GET", "/floe/v1/frobnicate", "", 404},
 	} {
 		if code, got := do(tt.method, tt.path, tt.body); code != tt.code || got["error"] == nil {

@@ -17,6 +17,9 @@ import (
 // dropped); the trainer takes steps by number and commits each exactly once.
 type Ready struct {
 	ahead int
+	// OnCommit, when set, makes a commit durable before the buffer releases the step; an
+	// error fails the commit.
+	OnCommit func(n int64) error
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every change, to wake waiters
@@ -31,7 +34,8 @@ type Ready struct {
 var _ arrowflight.Source = (*Ready)(nil)
 
 // NewReady returns an empty buffer of at most ahead uncommitted steps, whose first step
-// will be number first.
+// will be number first; the steps below first count as committed (a restarted floe
+// resumes after them).
 func NewReady(ahead int, first int64) *Ready {
 	return &Ready{
 		ahead: max(ahead, 1), changed: make(chan struct{}), first: first, next: first, end: -1,
@@ -92,6 +96,20 @@ func (r *Ready) Close() {
 	r.notify()
 }
 
+// Skip records that step n, the next number, was committed before a restart: it is never
+// formed or served again.
+func (r *Ready) Skip(n int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n != r.next {
+		return fmt.Errorf("READY buffer: skip step %d, want step %d", n, r.next)
+	}
+	r.committed[n] = true
+	r.next++
+	r.notify()
+	return nil
+}
+
 // Shutdown closes the buffer and releases every step it still holds; later requests
 // for them get ErrNoSuchStep. Call it once nothing serves from the buffer any more.
 func (r *Ready) Shutdown() {
@@ -125,7 +143,7 @@ func (r *Ready) Step(ctx context.Context, n int64) (arrowflight.Step, error) {
 			return st, nil
 		}
 		if n < r.first {
-			return nil, fmt.Errorf("step %d: %w: steps start at %d", n, arrowflight.ErrNoSuchStep, r.first)
+			return nil, fmt.Errorf("step %d was committed (before a restart): %w", n, arrowflight.ErrCommitted)
 		}
 		if r.end >= 0 && n >= r.end {
 			return nil, fmt.Errorf("step %d: %w: steps end at %d", n, arrowflight.ErrNoSuchStep, r.end-1)
@@ -174,6 +192,11 @@ func (r *Ready) Commit(n int64) error {
 	}
 	if _, ok := r.steps[n]; !ok {
 		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
+	}
+	if r.OnCommit != nil {
+		if err := r.OnCommit(n); err != nil {
+			return fmt.Errorf("step %d: %w", n, err)
+		}
 	}
 	r.steps[n].Release()
 	delete(r.steps, n)

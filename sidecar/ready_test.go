@@ -94,7 +94,7 @@ func TestReadyWaitsAndCloses(t *testing.T) {
 	if st := <-got; st == nil || st.Number() != 5 {
 		t.Fatalf("waiter got %v", st)
 	}
-	if _, err := r.Step(ctx, 4); !errors.Is(err, arrowflight.ErrNoSuchStep) {
+	if _, err := r.Step(ctx, 4); !errors.Is(err, arrowflight.ErrCommitted) {
 		t.Errorf("Step before the first: %v", err)
 	}
 	r.Close()

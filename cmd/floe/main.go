@@ -14,6 +14,8 @@ import (
 const usage = `usage: floe <command> [flags]
 
 commands:
+  serve     run floe beside a trainer: proxy, durable trace store, step former and
+            Flight service
   bench     reconstruct, pack and encode a synthetic agent-trace corpus with every
             strategy and print the comparison table
   bench-proxy
@@ -42,6 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var err error
 	switch args[0] {
+	case "serve":
+		err = runServe(ctx, args[1:], stdout, stderr)
 	case "bench":
 		err = runBench(ctx, args[1:], stdout, stderr)
 	case "bench-proxy":

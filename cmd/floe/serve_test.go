@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// TestMain lets a test run the floe binary itself: the test binary re-executed with
+// FLOE_MAIN_ARGS set is `floe` with those arguments.
+func TestMain(m *testing.M) {
+	if raw := os.Getenv("FLOE_MAIN_ARGS"); raw != "" {
+		var args []string
+		if err := json.Unmarshal([]byte(raw), &args); err != nil {
+			panic(err)
+		}
+		main2(args)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func main2(args []string) {
+	os.Args = append([]string{"floe"}, args...)
+	main()
+}
+
+// fakeEngine answers chat completions with token ids derived from the request, so
+// prompts of one conversation extend each other as real ones do.
+func fakeEngine() *httptest.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		var prompt []int32
+		for _, m := range req.Messages {
+			for _, b := range []byte(m.Content) {
+				prompt = append(prompt, int32(b))
+			}
+			prompt = append(prompt, 0)
+		}
+		answer := "ok " + fmt.Sprint(len(req.Messages))
+		ids := []int32{}
+		lps := []map[string]any{}
+		for _, b := range []byte(answer) {
+			ids = append(ids, int32(b))
+			lps = append(lps, map[string]any{"logprob": -0.5})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": "c", "prompt_token_ids": prompt,
+			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "token_ids": ids, "logprobs": map[string]any{"content": lps},
+				"message": map[string]any{"role": "assistant", "content": answer}}}})
+	})
+	return httptest.NewServer(mux)
+}
+
+type floeProc struct {
+	cmd    *exec.Cmd
+	proxy  string
+	flight flight.Client
+}
+
+func startFloe(t *testing.T, args ...string) *floeProc {
+	t.Helper()
+	raw, _ := json.Marshal(append([]string{"serve"}, args...))
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("floe serve announced nothing: %v\n%s", err, logs.String())
+	}
+	var addrs struct{ Proxy, Flight string }
+	if err := json.Unmarshal([]byte(line), &addrs); err != nil {
+		t.Fatalf("announcement %q: %v", line, err)
+	}
+	c, err := flight.NewClientWithMiddleware(strings.TrimPrefix(addrs.Flight, "grpc+tcp://"), nil, nil,
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &floeProc{cmd: cmd, proxy: addrs.Proxy, flight: c}
+	t.Cleanup(func() {
+		c.Close()
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return p
+}
+
+func (p *floeProc) post(t *testing.T, path, key, body string) map[string]any {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.proxy+path, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %d %v", path, resp.StatusCode, out)
+	}
+	return out
+}
+
+// step reads rank 0's micro-batches of step n.
+func (p *floeProc) step(t *testing.T, n int) ([]arrow.RecordBatch, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := p.flight.DoGet(ctx, &flight.Ticket{Ticket: fmt.Appendf(nil, `{"step": %d, "rank": 0}`, n)})
+	if err != nil {
+		return nil, err
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Release()
+	var out []arrow.RecordBatch
+	for rd.Next() {
+		rec := rd.RecordBatch()
+		rec.Retain()
+		out = append(out, rec)
+	}
+	return out, rd.Err()
+}
+
+func (p *floeProc) commit(t *testing.T, n int) error {
+	t.Helper()
+	s, err := p.flight.DoAction(context.Background(), &flight.Action{Type: "commit", Body: fmt.Appendf(nil, `{"step": %d}`, n)})
+	if err != nil {
+		return err
+	}
+	_, err = s.Recv()
+	return err
+}
+
+// TestServeSurvivesKill9 runs the real binary: record calls, finish sessions, form steps,
+// commit one, read part of the next, kill -9, restart on the same data dir. Nothing
+// recorded is lost, the committed step is never served again, and the uncommitted step is
+// served byte for byte as before.
+func TestServeSurvivesKill9(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	dir := t.TempDir()
+	args := []string{"-data-dir", dir, "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0", "-upstream", up.URL,
+		"-group-size", "2", "-min-group-size", "2", "-groups-per-step", "1", "-steps-ahead", "2", "-token-budget", "4096", "-pad-multiple", "16"}
+	f := startFloe(t, args...)
+	var sessions []string
+	for g := 0; g < 2; g++ {
+		for i := 0; i < 2; i++ {
+			s := f.post(t, "/floe/v1/sessions", "", fmt.Sprintf(`{"task_id": "t%d", "group_id": "g%d"}`, g, g))
+			key := s["api_key"].(string)
+			msgs := fmt.Sprintf(`[{"role":"user","content":"task %d session %d"}]`, g, i)
+			first := f.post(t, "/v1/chat/completions", key, `{"model":"x","messages":`+msgs+`}`)
+			reply := first["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"].(string)
+			msgs = fmt.Sprintf(`[{"role":"user","content":"task %d session %d"},{"role":"assistant","content":%q},{"role":"user","content":"more"}]`, g, i, reply)
+			f.post(t, "/v1/chat/completions", key, `{"model":"x","messages":`+msgs+`}`)
+			f.post(t, "/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": "completed"}`, i))
+			sessions = append(sessions, s["session_id"].(string))
+		}
+	}
+	var step0, step1 []arrow.RecordBatch
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err0, err1 error
+		step0, err0 = f.step(t, 0)
+		step1, err1 = f.step(t, 1)
+		if err0 == nil && err1 == nil && len(step0) > 0 && len(step1) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("steps not READY: %v / %v", err0, err1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := f.commit(t, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Process.Kill(); err != nil { // SIGKILL: no shutdown, no flush
+		t.Fatal(err)
+	}
+	_ = f.cmd.Wait()
+
+	g := startFloe(t, args...)
+	for _, id := range sessions {
+		req, _ := http.NewRequest(http.MethodGet, g.proxy+"/floe/v1/sessions/"+id, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&s)
+		resp.Body.Close()
+		if s["status"] != "completed" || len(s["calls"].([]any)) != 2 {
+			t.Fatalf("after the restart session %s is %v with %v calls", id, s["status"], s["calls"])
+		}
+	}
+	if _, err := g.step(t, 0); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("the committed step 0 after the restart: %v, want FailedPrecondition", err)
+	}
+	again, err := g.step(t, 1)
+	if err != nil {
+		t.Fatalf("step 1 after the restart: %v", err)
+	}
+	if len(again) != len(step1) {
+		t.Fatalf("step 1 has %d micro-batches after the restart, %d before", len(again), len(step1))
+	}
+	for i := range again {
+		if !array.RecordEqual(again[i], step1[i]) {
+			t.Fatalf("micro-batch %d of step 1 differs after the restart", i)
+		}
+		a, _ := again[i].(arrow.RecordBatchWithMetadata)
+		b, _ := step1[i].(arrow.RecordBatchWithMetadata)
+		if a == nil || b == nil || !a.Metadata().Equal(b.Metadata()) {
+			t.Fatalf("micro-batch %d metadata differs after the restart", i)
+		}
+	}
+	if err := g.commit(t, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.commit(t, 1); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second commit of step 1: %v", err)
+	}
+	for _, r := range append(append(step0, step1...), again...) {
+		r.Release()
+	}
+}

@@ -1,0 +1,301 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/sourcegraph/conc/pool"
+
+	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/bolt"
+)
+
+// Config is floe serve's configuration; DefaultConfig gives DESIGN.md's defaults.
+type Config struct {
+	ProxyAddr    string
+	FlightAddr   string
+	Upstream     string
+	Model        string // served model; empty: the first the upstream lists
+	DataDir      string
+	Batcher      batcher.Config
+	GroupSize    int // sessions per group when a session does not say
+	MinGroupSize int // a complete group with fewer usable sessions is dropped
+	// GroupsPerStep complete groups form one step.
+	GroupsPerStep int
+	StepsAhead    int
+	// DropFailed drops failed and timed-out sessions from their group; otherwise they stay
+	// in it (their reward counts for the advantages) with no token trained.
+	DropFailed   bool
+	FlightToken  string
+	OpenSessions bool
+}
+
+// DefaultConfig returns the defaults of DESIGN.md.
+func DefaultConfig() Config {
+	return Config{
+		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000",
+		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
+		GroupsPerStep: 1, StepsAhead: 2,
+	}
+}
+
+// Addrs are where a running floe listens.
+type Addrs struct {
+	Proxy  string `json:"proxy"`
+	Flight string `json:"flight"`
+}
+
+// Serve runs floe until ctx ends: proxy and control API, durable store, step former,
+// READY buffer and Flight service. ready is called once both listeners are bound. On
+// start it recovers from the data dir: uncommitted steps are formed again from their
+// groups, byte for byte as before, and committed steps are never served again.
+func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
+	if err := cfg.Batcher.Validate(); err != nil {
+		return err
+	}
+	if cfg.GroupsPerStep < 1 || cfg.StepsAhead < 1 || cfg.MinGroupSize < 1 {
+		return fmt.Errorf("groups per step (%d), steps ahead (%d) and min group size (%d) must be at least 1",
+			cfg.GroupsPerStep, cfg.StepsAhead, cfg.MinGroupSize)
+	}
+	store, err := bolt.New(cfg.DataDir, bolt.Options{})
+	if err != nil {
+		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
+	defer store.Close()
+
+	pending, lastCommitted, err := store.Steps()
+	if err != nil {
+		return fmt.Errorf("reading steps: %w", err)
+	}
+	first := lastCommitted + 1
+	if len(pending) > 0 {
+		first = min(first, pending[0].N)
+	}
+	rb := NewReady(cfg.StepsAhead, first)
+	defer rb.Shutdown()
+
+	gate := &proxy.Gate{}
+	mem := memory.NewGoAllocator()
+	wake := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	px := &proxy.Server{Dialects: proxy.DefaultDialects(), Engine: &proxy.VLLM{BaseURL: cfg.Upstream, Model: cfg.Model},
+		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log}
+	pl, err := net.Listen("tcp", cfg.ProxyAddr)
+	if err != nil {
+		return fmt.Errorf("proxy listen: %w", err)
+	}
+	fl, err := arrowflight.Listen(cfg.FlightAddr)
+	if err != nil {
+		pl.Close()
+		return fmt.Errorf("flight listen: %w", err)
+	}
+	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
+		DefaultGroupSize: cfg.GroupSize, Finished: poke}
+	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
+	fs := &arrowflight.Server{Source: rb, Control: &TrainerControl{Log: log, Gate: gate}, Token: cfg.FlightToken, Mem: mem, Log: log}
+	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake}
+	rb.OnCommit = func(n int64) error {
+		if err := store.CommitStep(n); err != nil {
+			return err
+		}
+		poke() // room in the buffer
+		return nil
+	}
+
+	if ready != nil {
+		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Flight: arrowflight.Location(fl)})
+	}
+	log.Info("floe serving", "proxy", pl.Addr().String(), "flight", arrowflight.Location(fl), "data_dir", cfg.DataDir,
+		"strategy", cfg.Batcher.Strategy, "recovered_steps", len(pending), "last_committed", lastCommitted)
+
+	p := pool.New().WithContext(ctx).WithCancelOnError()
+	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
+	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
+	p.Go(func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() { errc <- hs.Serve(pl) }()
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			// Stop accepting; calls in flight get a bounded time to finish and be recorded.
+			shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return hs.Shutdown(shut)
+		}
+	})
+	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// sessionStore also accepts a session's id as its key (x-floe-session).
+type sessionStore struct{ *bolt.Store }
+
+func (s sessionStore) CreateSession(sess trace.Session, key string) error {
+	if err := s.Store.CreateSession(sess, key); err != nil {
+		return err
+	}
+	return s.Store.AddKey(sess.ID, sess.ID)
+}
+
+// stepFormer forms steps from complete groups as they come, in order, and puts them into
+// the READY buffer; it blocks while the buffer is full, so groups wait and nothing is
+// dropped.
+type stepFormer struct {
+	cfg   Config
+	store *bolt.Store
+	ready *Ready
+	mem   memory.Allocator
+	log   *slog.Logger
+	wake  chan struct{}
+}
+
+func (f *stepFormer) run(ctx context.Context, pending []bolt.StepRecord) error {
+	// Recovery: the steps saved but not committed, formed again from the same groups.
+	for _, rec := range pending {
+		for f.ready.NextNumber() < rec.N {
+			if err := f.ready.Skip(f.ready.NextNumber()); err != nil {
+				return err
+			}
+		}
+		if err := f.put(ctx, rec.N, rec.Groups, false); err != nil {
+			return err
+		}
+	}
+	tick := time.NewTicker(time.Second) // a safety net; finishing a session wakes us at once
+	defer tick.Stop()
+	for {
+		if err := f.formReady(ctx); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// formReady forms as many steps as complete groups allow.
+func (f *stepFormer) formReady(ctx context.Context) error {
+	for {
+		ids, err := f.store.FinishedGroups()
+		if err != nil {
+			return fmt.Errorf("listing complete groups: %w", err)
+		}
+		if len(ids) < f.cfg.GroupsPerStep {
+			return nil
+		}
+		n := f.ready.NextNumber()
+		if err := f.put(ctx, n, ids[:f.cfg.GroupsPerStep], true); err != nil {
+			return err
+		}
+	}
+}
+
+// put forms step n from groups and puts it into the buffer. A new step is saved first;
+// groups that cannot be trained on (too few usable sessions, nothing trainable, a path
+// longer than the budget) are dropped with the reason, and the step formed without them.
+func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool) error {
+	var groups []trace.Group
+	var keep []string
+	for _, id := range ids {
+		g, err := f.store.Group(id)
+		if err != nil {
+			return fmt.Errorf("step %d: group %s: %w", n, id, err)
+		}
+		g = f.usable(g)
+		if fresh && len(g.Sessions) < f.cfg.MinGroupSize {
+			f.drop(id, fmt.Sprintf("%d usable sessions, fewer than the minimum %d", len(g.Sessions), f.cfg.MinGroupSize))
+			continue
+		}
+		if fresh {
+			if _, err := batcher.FormStep(n, []trace.Group{g}, f.cfg.Batcher); err != nil {
+				f.drop(id, err.Error())
+				continue
+			}
+		}
+		groups, keep = append(groups, g), append(keep, id)
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	st, err := batcher.FormStep(n, groups, f.cfg.Batcher)
+	if err != nil {
+		return fmt.Errorf("forming step %d: %w", n, err)
+	}
+	if fresh {
+		if err := f.store.SaveStep(n, keep); err != nil {
+			return fmt.Errorf("saving step %d: %w", n, err)
+		}
+	}
+	fs, err := FlightStep(st, f.mem)
+	if err != nil {
+		return err
+	}
+	if err := f.ready.Put(ctx, fs); err != nil {
+		fs.Release()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	f.log.Info("step READY", "step", n, "groups", len(groups), "micro_batches", st.Stats.MicroBatches,
+		"rows", st.Stats.Rows, "loss_tokens", st.Stats.LossRows, "fill", fmt.Sprintf("%.3f", st.Stats.Fill), "recovered", !fresh)
+	return nil
+}
+
+// usable applies the failed-session policy.
+func (f *stepFormer) usable(g trace.Group) trace.Group {
+	out := g
+	out.Sessions = nil
+	for _, s := range g.Sessions {
+		if s.Status == trace.StatusFailed || s.Status == trace.StatusTimeout {
+			if f.cfg.DropFailed {
+				continue
+			}
+			for i := range s.Calls {
+				if s.Calls[i].Trainable {
+					s.Calls[i].MarkUntrainable("session " + string(s.Status))
+				}
+			}
+		}
+		out.Sessions = append(out.Sessions, s)
+	}
+	return out
+}
+
+func (f *stepFormer) drop(id, reason string) {
+	f.log.Warn("group dropped", "group", id, "reason", reason)
+	if err := f.store.DropGroup(id, reason); err != nil {
+		f.log.Error("dropping a group", "group", id, "err", err)
+	}
+}
+
+// AnnounceJSON writes the bound addresses as one JSON line, as DESIGN.md asks when a port
+// is 0.
+func AnnounceJSON(w io.Writer) func(Addrs) {
+	return func(a Addrs) {
+		b, _ := json.Marshal(a)
+		fmt.Fprintln(w, string(b))
+	}
+}
