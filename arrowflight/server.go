@@ -34,8 +34,24 @@ type Server struct {
 	// MaxWait bounds how long a call waits for a step that is not READY when the client
 	// set no deadline (default 10 minutes), so that a forgotten client never hangs forever.
 	MaxWait time.Duration
+	// Observer, when set, is told of every micro-batch sent; nil observes nothing.
+	Observer Observer
 
 	flight.BaseFlightServer
+}
+
+// Observer watches what the service sends (floe serve: Flight metrics and the start of
+// each step's GPU window). Served is called after micro-batch data of step for rank was
+// handed to gRPC: rows of the record batch and the bytes of its FlightData message. It is
+// called concurrently and must not block.
+type Observer interface {
+	Served(step int64, rank, rows, bytes int)
+}
+
+// StatusReporter is an optional interface of a Control: the fields of its Status (a
+// JSON object) are added to the status action's answer.
+type StatusReporter interface {
+	Status() any
 }
 
 // maxMessageBytes lets a single micro-batch of many millions of rows through gRPC.
@@ -266,7 +282,8 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		}
 		defer rec.Release()
 		w := &streamWriter{stream: stream, mem: s.Mem, schema: rec.Schema()}
-		return w.write(rec, nil)
+		_, err = w.write(rec, nil)
+		return err
 	}
 	rank := *t.Rank
 	if rank < 0 || rank >= st.NumRanks() {
@@ -289,10 +306,14 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		if b.err != nil {
 			return grpcError(codes.Internal, "step %d rank %d micro-batch %d: %v", st.Number(), rank, b.index, b.err)
 		}
-		err := w.write(b.rec, b.meta)
+		n, err := w.write(b.rec, b.meta)
+		rows := int(b.rec.NumRows())
 		b.release()
 		if err != nil {
 			return err
+		}
+		if s.Observer != nil {
+			s.Observer.Served(st.Number(), rank, rows, n)
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -342,7 +363,7 @@ func encodeAhead(ctx context.Context, st Step, mem memory.Allocator, rank int) <
 // actions lists the DoAction types with their descriptions.
 var actions = []*flight.ActionType{
 	{Type: "commit", Description: `{"step": n}: the step is consumed; exactly once, never served again`},
-	{Type: "report", Description: `{"step", "rank", "peak_memory_bytes", "step_seconds", "wait_seconds"}: a rank finished a step`},
+	{Type: "report", Description: `{"step", "rank", "peak_memory_bytes", "step_seconds", "wait_seconds", "pid"?}: a rank finished a step`},
 	{Type: "pause", Description: `{}: stop new rollout calls and wait for those in flight (weight sync)`},
 	{Type: "resume", Description: `{"policy_version": v}: release paused calls under policy version v`},
 	{Type: "status", Description: `{}: READY steps, commits, pause state, policy version`},
@@ -417,6 +438,11 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		st := map[string]any{"paused": s.Control.Paused(), "policy_version": s.Control.PolicyVersion()}
 		if b, err := json.Marshal(s.Source.Status()); err == nil {
 			_ = json.Unmarshal(b, &st)
+		}
+		if sr, ok := s.Control.(StatusReporter); ok {
+			if b, err := json.Marshal(sr.Status()); err == nil {
+				_ = json.Unmarshal(b, &st)
+			}
 		}
 		result = st
 	default:

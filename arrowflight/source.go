@@ -60,6 +60,9 @@ type Report struct {
 	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
 	StepSeconds     float64 `json:"step_seconds"`
 	WaitSeconds     float64 `json:"wait_seconds"`
+	// PID is the rank's process id, optional (0: not given); floe serve watches the
+	// GPU memory and utilization of the processes it names.
+	PID int32 `json:"pid,omitempty"`
 }
 
 // Control receives the trainer's control actions: weight-sync pause/resume and reports.

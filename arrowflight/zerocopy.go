@@ -98,23 +98,25 @@ func (w *streamWriter) start() error {
 	return w.stream.Send(&flight.FlightData{DataHeader: meta.Bytes()})
 }
 
-// write sends rec with appMeta. rec may be released as soon as write returns.
-func (w *streamWriter) write(rec arrow.RecordBatch, appMeta []byte) error {
+// write sends rec with appMeta and returns the bytes of the message (IPC header, app
+// metadata and body). rec may be released as soon as write returns.
+func (w *streamWriter) write(rec arrow.RecordBatch, appMeta []byte) (int, error) {
 	if !w.sent {
 		if err := w.start(); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	p, err := ipc.GetRecordBatchPayload(rec, ipc.WithAllocator(w.mem))
 	if err != nil {
-		return fmt.Errorf("encoding a record batch: %w", err)
+		return 0, fmt.Errorf("encoding a record batch: %w", err)
 	}
 	defer p.Release()
 	meta := p.Meta()
 	defer meta.Release()
 	f := &bodyFrame{header: meta.Bytes(), appMeta: appMeta}
 	if err := p.SerializeBody(f); err != nil {
-		return err
+		return 0, err
 	}
-	return w.stream.SendMsg(f)
+	n := len(f.header) + len(f.appMeta) + f.size
+	return n, w.stream.SendMsg(f)
 }

@@ -37,6 +37,22 @@ type Server struct {
 	MaxBodyBytes int64 // 0: DefaultMaxBodyBytes
 	Log          *slog.Logger
 	Now          func() time.Time
+	// Metrics, when set, is told of every recorded call and every error answered; nil
+	// counts nothing.
+	Metrics Metrics
+}
+
+// Metrics receives the proxy's counts (floe serve turns them into Prometheus metrics).
+// Its methods are called concurrently and must not block.
+type Metrics interface {
+	// Recorded is called once per call recorded (one per choice): its API kind (the
+	// dialect's Name) and whether it is trainable.
+	Recorded(api string, trainable bool)
+	// Upstream is called once per upstream call that answered, with its latency.
+	Upstream(api string, latency time.Duration)
+	// Failed is called once per error answered to a caller (or ending its stream), with
+	// the error's kind.
+	Failed(api string, kind ErrorKind)
 }
 
 type operation int
@@ -145,20 +161,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			d.WriteError(w, &Error{Status: http.StatusRequestEntityTooLarge, Kind: ErrTooLarge,
+			s.writeError(w, d, &Error{Status: http.StatusRequestEntityTooLarge, Kind: ErrTooLarge,
 				Message: fmt.Sprintf("request body is larger than the limit of %d bytes", limit)})
 			return
 		}
-		d.WriteError(w, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
+		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
 		return
 	}
 	if op == opUnknown || (op != opModels && r.Method != http.MethodPost) {
-		d.WriteError(w, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
+		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
 		return
 	}
 	session, ok := s.authenticate(r)
 	if !ok {
-		d.WriteError(w, &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
+		s.writeError(w, d, &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
 			Message: "unknown API key: create a session with POST /floe/v1/sessions and use its api_key"})
 		return
 	}
@@ -175,7 +191,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case opCount:
 		counter, ok := d.(TokenCounter)
 		if !ok {
-			d.WriteError(w, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: "this API has no token counting"})
+			s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: "this API has no token counting"})
 			return
 		}
 		req, err := d.Decode(r, body)
@@ -235,7 +251,19 @@ func (s *Server) fail(w http.ResponseWriter, d Dialect, err error) {
 		s.log().Error("request failed", "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe: " + err.Error()}
 	}
+	s.writeError(w, d, e)
+}
+
+// writeError answers e in the caller's shape and counts it.
+func (s *Server) writeError(w http.ResponseWriter, d Dialect, e *Error) {
+	s.countError(d, e.Kind)
 	d.WriteError(w, e)
+}
+
+func (s *Server) countError(d Dialect, kind ErrorKind) {
+	if s.Metrics != nil {
+		s.Metrics.Failed(d.Name(), kind)
+	}
 }
 
 // generate runs one model call: wait for the gate, call upstream (streaming to the caller
@@ -296,6 +324,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		if !errors.As(err, &e) {
 			e = &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: err.Error()}
 		}
+		s.countError(d, e.Kind)
 		_ = stream.Fail(e)
 		return
 	}
@@ -303,6 +332,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		if stream == nil {
 			s.fail(w, d, err)
 		} else {
+			s.countError(d, ErrInternal)
 			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call: " + err.Error()})
 		}
 		return
@@ -322,6 +352,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Result, session string, version int64,
 	started time.Time, body []byte, problem string) error {
 	finished := s.now()
+	if s.Metrics != nil {
+		s.Metrics.Upstream(d.Name(), res.Latency)
+	}
 	for i, ch := range res.Response.Choices {
 		var td TokenData
 		if i < len(res.Choices) {
@@ -350,6 +383,9 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		}
 		if err := s.Recorder.Record(ctx, &c); err != nil {
 			return fmt.Errorf("recording a call of session %s: %w", session, err)
+		}
+		if s.Metrics != nil {
+			s.Metrics.Recorded(d.Name(), c.Trainable)
 		}
 	}
 	return nil

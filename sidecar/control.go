@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/floe-rl/floe/arrowflight"
@@ -18,6 +19,12 @@ type TrainerControl struct {
 	// Gate, when set, is the proxy's: pause holds new upstream calls and waits for those
 	// in flight.
 	Gate *proxy.Gate
+	// OnReport, when set, is called with every accepted report (floe serve: metrics,
+	// trainer PIDs for the GPU monitor, the step's end and the token budget).
+	OnReport func(arrowflight.Report)
+	// StatusFields, when set, adds its fields to the status action (token budget, GPU
+	// and last-step figures).
+	StatusFields func() map[string]any
 
 	mu      sync.Mutex
 	paused  bool
@@ -25,7 +32,10 @@ type TrainerControl struct {
 	reports map[int]arrowflight.Report
 }
 
-var _ arrowflight.Control = (*TrainerControl)(nil)
+var (
+	_ arrowflight.Control        = (*TrainerControl)(nil)
+	_ arrowflight.StatusReporter = (*TrainerControl)(nil)
+)
 
 func (c *TrainerControl) Pause(ctx context.Context) (int64, error) {
 	if c.Gate != nil {
@@ -60,15 +70,37 @@ func (c *TrainerControl) Report(r arrowflight.Report) error {
 	if r.Rank < 0 || r.Step < 0 || r.StepSeconds < 0 || r.WaitSeconds < 0 || r.PeakMemoryBytes < 0 {
 		return fmt.Errorf("report %+v has a negative field", r)
 	}
+	if r.PID < 0 {
+		return fmt.Errorf("report %+v has a negative pid", r)
+	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.reports == nil {
 		c.reports = map[int]arrowflight.Report{}
 	}
 	c.reports[r.Rank] = r
+	c.mu.Unlock()
 	c.logger().Info("trainer report", "step", r.Step, "rank", r.Rank, "step_seconds", r.StepSeconds,
-		"wait_seconds", r.WaitSeconds, "peak_memory_bytes", r.PeakMemoryBytes)
+		"wait_seconds", r.WaitSeconds, "peak_memory_bytes", r.PeakMemoryBytes, "pid", r.PID)
+	if c.OnReport != nil {
+		c.OnReport(r)
+	}
 	return nil
+}
+
+// Status implements arrowflight.StatusReporter: each rank's last report ("reports", in
+// rank order) and the StatusFields.
+func (c *TrainerControl) Status() any {
+	out := map[string]any{}
+	if c.StatusFields != nil {
+		out = c.StatusFields()
+	}
+	ranks := []arrowflight.Report{}
+	for _, r := range c.Reports() {
+		ranks = append(ranks, r)
+	}
+	slices.SortFunc(ranks, func(a, b arrowflight.Report) int { return a.Rank - b.Rank })
+	out["reports"] = ranks
+	return out
 }
 
 // Reports returns each rank's last report.

@@ -35,6 +35,12 @@ type ControlAPI struct {
 	DefaultGroupSize int
 	// Finished, when set, is called after a session finished (the step former wakes up).
 	Finished func()
+	// FinishedStatus, when set, is called after a session finished, with its status.
+	FinishedStatus func(trace.Status)
+	// Metrics, when set, is served at GET /metrics.
+	Metrics http.Handler
+	// StatusFields, when set, adds its fields to GET /floe/v1/status.
+	StatusFields func() map[string]any
 
 	mu       sync.Mutex
 	sessions int
@@ -70,6 +76,9 @@ func (c *ControlAPI) Handler(next http.Handler) http.Handler {
 	mux.HandleFunc("/floe/v1/", func(w http.ResponseWriter, r *http.Request) {
 		c.error(w, http.StatusNotFound, "no control endpoint %s %s", r.Method, r.URL.Path)
 	})
+	if c.Metrics != nil {
+		mux.Handle("GET /metrics", c.Metrics)
+	}
 	mux.Handle("/", next)
 	return mux
 }
@@ -155,6 +164,9 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 	if c.Finished != nil {
 		c.Finished()
 	}
+	if c.FinishedStatus != nil {
+		c.FinishedStatus(req.Status)
+	}
 	c.reply(w, map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward})
 }
 
@@ -187,7 +199,12 @@ func (c *ControlAPI) status(w http.ResponseWriter, _ *http.Request) {
 	c.mu.Lock()
 	n := c.sessions
 	c.mu.Unlock()
-	c.reply(w, map[string]any{"paused": paused, "policy_version": version, "inflight": inflight, "sessions": n})
+	out := map[string]any{}
+	if c.StatusFields != nil {
+		out = c.StatusFields()
+	}
+	out["paused"], out["policy_version"], out["inflight"], out["sessions"] = paused, version, inflight, n
+	c.reply(w, out)
 }
 
 func token(n int) string {

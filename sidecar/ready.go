@@ -228,3 +228,10 @@ func (r *Ready) Status() any {
 	defer r.mu.Unlock()
 	return ReadyStatus{Ready: r.readyLocked(), NextStep: r.next, Committed: len(r.committed), StepsAhead: r.ahead, Closed: r.closed}
 }
+
+// Depth is the number of READY steps: formed, not committed.
+func (r *Ready) Depth() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.steps)
+}

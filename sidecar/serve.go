@@ -16,6 +16,7 @@ import (
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -39,6 +40,19 @@ type Config struct {
 	DropFailed   bool
 	FlightToken  string
 	OpenSessions bool
+
+	// TokenBudgetAuto sizes the token budget with a gpu.BudgetController between
+	// TokenBudgetMin and TokenBudgetMax (starting at the minimum) so that the predicted
+	// peak memory stays under MemoryTarget of the device's; Batcher.TokenBudget is then
+	// only the budget a recovered step is formed with when its own was not recorded.
+	TokenBudgetAuto                bool
+	TokenBudgetMin, TokenBudgetMax int
+	MemoryTarget                   float64
+	// GPUMemoryBytes is the trainer device's memory for the auto budget when NVML cannot
+	// tell (no driver visible to floe); 0: NVML's.
+	GPUMemoryBytes uint64
+	// GPU is the NVML library the monitor samples; nil: gpu.SystemNVML().
+	GPU gpu.Lib
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -47,7 +61,29 @@ func DefaultConfig() Config {
 		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000",
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
 		GroupsPerStep: 1, StepsAhead: 2,
+		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 	}
+}
+
+// budgetController builds the auto budget's controller; nil with a fixed budget.
+func (cfg Config) budgetController(mon *gpu.Monitor) (*gpu.BudgetController, error) {
+	if !cfg.TokenBudgetAuto {
+		return nil, nil
+	}
+	total := cfg.GPUMemoryBytes
+	if total == 0 {
+		for _, d := range mon.Devices() {
+			if d.MemoryTotal > 0 && (total == 0 || d.MemoryTotal < total) {
+				total = d.MemoryTotal
+			}
+		}
+	}
+	return gpu.NewBudgetController(gpu.BudgetConfig{
+		PadMultiple: cfg.Batcher.PadMultiple, Min: cfg.TokenBudgetMin, Max: cfg.TokenBudgetMax,
+		MemoryTarget: cfg.MemoryTarget, MemoryTotal: total,
+		// Grow only once a step packed with the current budget can have been observed.
+		GrowAfter: max(gpu.DefaultGrowAfter, cfg.StepsAhead+1),
+	})
 }
 
 // Addrs are where a running floe listens.
@@ -56,10 +92,11 @@ type Addrs struct {
 	Flight string `json:"flight"`
 }
 
-// Serve runs floe until ctx ends: proxy and control API, durable store, step former,
-// READY buffer and Flight service. ready is called once both listeners are bound. On
-// start it recovers from the data dir: uncommitted steps are formed again from their
-// groups, byte for byte as before, and committed steps are never served again.
+// Serve runs floe until ctx ends: proxy and control API (with /metrics), durable store,
+// step former, READY buffer, Flight service and GPU monitor. ready is called once both
+// listeners are bound. On start it recovers from the data dir: uncommitted steps are
+// formed again from their groups with the budget they were formed with, byte for byte
+// as before, and committed steps are never served again.
 func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
 	if err := cfg.Batcher.Validate(); err != nil {
 		return err
@@ -68,11 +105,18 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		return fmt.Errorf("groups per step (%d), steps ahead (%d) and min group size (%d) must be at least 1",
 			cfg.GroupsPerStep, cfg.StepsAhead, cfg.MinGroupSize)
 	}
+	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
+		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
+	}
 	store, err := bolt.New(cfg.DataDir, bolt.Options{})
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
 	defer store.Close()
+	budgets, err := loadStepBudgets(cfg.DataDir)
+	if err != nil {
+		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
 
 	pending, lastCommitted, err := store.Steps()
 	if err != nil {
@@ -82,8 +126,27 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if len(pending) > 0 {
 		first = min(first, pending[0].N)
 	}
+	if err := budgets.forget(-1, first); err != nil {
+		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
 	rb := NewReady(cfg.StepsAhead, first)
 	defer rb.Shutdown()
+
+	lib := cfg.GPU
+	if lib == nil {
+		lib = gpu.SystemNVML()
+	}
+	mon := gpu.NewMonitor(lib, gpu.MonitorConfig{Logger: log})
+	ctl, err := cfg.budgetController(mon)
+	if err != nil {
+		return err
+	}
+	if ctl != nil && cfg.GPUMemoryBytes == 0 && mon.DeviceCount() == 0 {
+		log.Warn("token budget auto: device memory unknown (no GPU visible through NVML and no -gpu-memory given); the budget stays at -token-budget-min",
+			"budget", ctl.Budget())
+	}
+	metrics := NewMetrics(State{Store: store, Ready: rb, Monitor: mon})
+	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
 
 	gate := &proxy.Gate{}
 	mem := memory.NewGoAllocator()
@@ -95,7 +158,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		}
 	}
 	px := &proxy.Server{Dialects: proxy.DefaultDialects(), Engine: &proxy.VLLM{BaseURL: cfg.Upstream, Model: cfg.Model},
-		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log}
+		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
@@ -106,14 +169,21 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		return fmt.Errorf("flight listen: %w", err)
 	}
 	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
-		DefaultGroupSize: cfg.GroupSize, Finished: poke}
+		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
+		Metrics: metrics.Handler(), StatusFields: steps.status}
 	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
-	fs := &arrowflight.Server{Source: rb, Control: &TrainerControl{Log: log, Gate: gate}, Token: cfg.FlightToken, Mem: mem, Log: log}
-	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake}
+	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, StatusFields: steps.status}
+	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
+	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, steps: steps, budgets: budgets}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err
 		}
+		if err := budgets.forget(n, -1); err != nil {
+			// The step is committed: its budget is never needed again.
+			log.Warn("forgetting a committed step's budget", "step", n, "err", err)
+		}
+		steps.committed(n)
 		poke() // room in the buffer
 		return nil
 	}
@@ -122,9 +192,11 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Flight: arrowflight.Location(fl)})
 	}
 	log.Info("floe serving", "proxy", pl.Addr().String(), "flight", arrowflight.Location(fl), "data_dir", cfg.DataDir,
-		"strategy", cfg.Batcher.Strategy, "recovered_steps", len(pending), "last_committed", lastCommitted)
+		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
+		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
+	p.Go(mon.Run)
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error {
@@ -166,6 +238,11 @@ type stepFormer struct {
 	mem   memory.Allocator
 	log   *slog.Logger
 	wake  chan struct{}
+	// steps chooses the budget of each new step and is told of each formed step.
+	steps *stepTracker
+	// budgets records the budget of each new step formed with a budget other than the
+	// fixed one, so a restart forms it again with the same.
+	budgets *stepBudgets
 }
 
 func (f *stepFormer) run(ctx context.Context, pending []bolt.StepRecord) error {
@@ -216,6 +293,18 @@ func (f *stepFormer) formReady(ctx context.Context) error {
 // groups that cannot be trained on (too few usable sessions, nothing trainable, a path
 // longer than the budget) are dropped with the reason, and the step formed without them.
 func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool) error {
+	began := time.Now()
+	bc := f.cfg.Batcher
+	switch {
+	case fresh:
+		bc.TokenBudget = f.steps.Budget()
+	default:
+		// A recovered step is formed with the budget it was formed with: recorded when it
+		// was not the fixed one.
+		if b, ok := f.budgets.get(n); ok {
+			bc.TokenBudget = b
+		}
+	}
 	var groups []trace.Group
 	var keep []string
 	for _, id := range ids {
@@ -229,7 +318,7 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 			continue
 		}
 		if fresh {
-			if _, err := batcher.FormStep(n, []trace.Group{g}, f.cfg.Batcher); err != nil {
+			if _, err := batcher.FormStep(n, []trace.Group{g}, bc); err != nil {
 				f.drop(id, err.Error())
 				continue
 			}
@@ -239,11 +328,16 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 	if len(groups) == 0 {
 		return nil
 	}
-	st, err := batcher.FormStep(n, groups, f.cfg.Batcher)
+	st, err := batcher.FormStep(n, groups, bc)
 	if err != nil {
 		return fmt.Errorf("forming step %d: %w", n, err)
 	}
 	if fresh {
+		if bc.TokenBudget != f.cfg.Batcher.TokenBudget {
+			if err := f.budgets.set(n, bc.TokenBudget); err != nil {
+				return fmt.Errorf("recording step %d's token budget: %w", n, err)
+			}
+		}
 		if err := f.store.SaveStep(n, keep); err != nil {
 			return fmt.Errorf("saving step %d: %w", n, err)
 		}
@@ -252,6 +346,7 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 	if err != nil {
 		return err
 	}
+	f.steps.formed(st, bc.TokenBudget, time.Since(began), !fresh)
 	if err := f.ready.Put(ctx, fs); err != nil {
 		fs.Release()
 		if ctx.Err() != nil {
@@ -260,7 +355,8 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 		return err
 	}
 	f.log.Info("step READY", "step", n, "groups", len(groups), "micro_batches", st.Stats.MicroBatches,
-		"rows", st.Stats.Rows, "loss_tokens", st.Stats.LossRows, "fill", fmt.Sprintf("%.3f", st.Stats.Fill), "recovered", !fresh)
+		"rows", st.Stats.Rows, "loss_tokens", st.Stats.LossRows, "fill", fmt.Sprintf("%.3f", st.Stats.Fill),
+		"token_budget", bc.TokenBudget, "recovered", !fresh)
 	return nil
 }
 

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+)
+
+// TestServeConfigFile runs the real binary with a YAML config: the file's settings
+// apply, and a flag on the command line wins over the file's value.
+func TestServeConfigFile(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "floe.yaml")
+	yaml := "# floe serve settings\ndata_dir: " + t.TempDir() + "\nproxy_addr: 127.0.0.1:0\nflight_addr: 127.0.0.1:0\nupstream: " + up.URL +
+		"\ntoken_budget: auto\ntoken_budget_min: 512\ntoken_budget_max: 4096\npad_multiple: 16\nmemory_target: 0.8\nopen_sessions: true\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := startFloe(t, "-config", path, "-token-budget-min", "256")
+	s, err := f.flight.DoAction(context.Background(), &flight.Action{Type: "status"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	_ = json.Unmarshal(res.Body, &st)
+	if st["token_budget_mode"] != "auto" || st["token_budget"] != 256.0 {
+		t.Fatalf("status %v: want the file's auto budget at the command line's minimum 256", st)
+	}
+	resp, err := http.Get(f.proxy + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nfloe_token_budget_rows 256\n") {
+		t.Fatalf("/metrics lacks floe_token_budget_rows 256:\n%s", body)
+	}
+	// open_sessions: true from the file lets an unknown key open its session.
+	f.post(t, "/v1/chat/completions", "sk-any", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+}
+
+func TestServeConfigFileRefusesUnknownKeys(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"unknown":  "token_budget: auto\ntokn_budget_max: 4096\n",
+		"kebab":    "token-budget: auto\n",
+		"nested":   "token_budget:\n  max: 4096\n",
+		"bad":      "group_size: many\n",
+		"notamap":  "- a\n- b\n",
+		"twice":    "group_size: 2\ngroup_size: 3\n",
+		"selfnest": "config: other.yaml\n",
+	} {
+		path := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), []string{"serve", "-config", path, "-data-dir", filepath.Join(dir, "data")}, &stdout, &stderr)
+		if code == 0 || !strings.Contains(stderr.String(), path) {
+			t.Errorf("%s: exit %d, stderr %q: want a failure naming the file", name, code, stderr.String())
+		}
+		t.Logf("%s: %s", name, strings.TrimSpace(stderr.String()))
+	}
+	var stdout, stderr bytes.Buffer
+	run(context.Background(), []string{"serve", "-config", filepath.Join(dir, "unknown.yaml")}, &stdout, &stderr)
+	if !strings.Contains(stderr.String(), `unknown key "tokn_budget_max"`) || !strings.Contains(stderr.String(), "token_budget_max") {
+		t.Errorf("unknown key message %q: want the key and the known keys", stderr.String())
+	}
+}
+
+// TestServeHelpDocumentsEveryOption: floe serve -h lists every flag and the config file.
+func TestServeHelpDocumentsEveryOption(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "-h"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	help := stderr.String()
+	for _, flag := range []string{"proxy-addr", "flight-addr", "upstream", "engine", "model", "data-dir", "strategy", "advantage",
+		"group-size", "min-group-size", "groups-per-step", "steps-ahead", "dp-size", "token-budget", "token-budget-min",
+		"token-budget-max", "memory-target", "gpu-memory", "pad-multiple", "flight-token", "open-sessions", "drop-failed", "config"} {
+		if !strings.Contains(help, "-"+flag+" ") && !strings.Contains(help, "-"+flag+"\n") {
+			t.Errorf("help lacks -%s", flag)
+		}
+	}
+	if !strings.Contains(help, "snake_case") || !strings.Contains(help, "/metrics") {
+		t.Errorf("help does not explain the config file or /metrics:\n%s", help)
+	}
+}

@@ -1,0 +1,234 @@
+package sidecar
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/gpu"
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/bolt"
+)
+
+// Metrics is floe serve's Prometheus registry (its own, never the global default) and
+// the collectors the proxy, the step former, the Flight service and the step tracker
+// feed. The metric names are listed in docs/control.md.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	calls       *prometheus.CounterVec
+	proxyErrors *prometheus.CounterVec
+	upstream    *prometheus.HistogramVec
+	finished    *prometheus.CounterVec
+
+	stepsFormed    *prometheus.CounterVec
+	stepFormation  prometheus.Histogram
+	stepsCommitted prometheus.Counter
+	flightBytes    prometheus.Counter
+	flightBatches  prometheus.Counter
+	flightRows     prometheus.Counter
+
+	budget           prometheus.Gauge
+	fill, imbalance  prometheus.Gauge
+	rowsForwarded    prometheus.Counter
+	perRequestTokens prometheus.Counter
+	tokensSaved      prometheus.Counter
+	lossTokens       prometheus.Counter
+
+	trainerWait, trainerStep prometheus.Histogram
+	trainerPeak              *prometheus.GaugeVec
+
+	gpuBusy, gpuPeak prometheus.Gauge // the last step's window; registered only with a GPU
+}
+
+var _ proxy.Metrics = (*Metrics)(nil)
+
+// State is what the metrics read at scrape time: the store's sessions and groups, the
+// READY buffer and the GPU monitor; a nil field is not collected.
+type State struct {
+	Store   *bolt.Store
+	Ready   *Ready
+	Monitor *gpu.Monitor
+}
+
+// NewMetrics builds the registry with Go runtime and process collectors and floe's own.
+func NewMetrics(st State) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	f := promauto{m.reg}
+	m.calls = f.counterVec("floe_calls_recorded_total", "Model calls recorded, by API kind and whether they are trainable.", "api", "trainable")
+	m.proxyErrors = f.counterVec("floe_proxy_errors_total", "Errors the proxy answered, by API kind and error kind.", "api", "kind")
+	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_upstream_latency_seconds",
+		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})
+	m.finished = f.counterVec("floe_sessions_finished_total", "Sessions finished through the control API, by status.", "status")
+	m.stepsFormed = f.counterVec("floe_steps_formed_total", "Steps formed and made READY; recovered=true for uncommitted steps formed again after a restart.", "recovered")
+	m.stepFormation = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_step_formation_seconds",
+		Help: "Time to form a step: reconstruction, advantages, packing and encoding each rank's first micro-batch.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
+	m.stepsCommitted = f.counter("floe_steps_committed_total", "Steps committed by the trainer.")
+	m.flightBytes = f.counter("floe_flight_bytes_sent_total", "Bytes of micro-batch FlightData messages sent over Flight.")
+	m.flightBatches = f.counter("floe_flight_micro_batches_served_total", "Micro-batches sent over Flight.")
+	m.flightRows = f.counter("floe_flight_rows_sent_total", "Rows (tokens, padding included) of the micro-batches sent over Flight.")
+	m.budget = f.gauge("floe_token_budget_rows", "Token budget B (rows per micro-batch) new steps are formed with.")
+	m.fill = f.gauge("floe_step_fill", "Fill of the last formed step: rows / (micro-batches x budget).")
+	m.imbalance = f.gauge("floe_step_imbalance", "Rank imbalance of the last formed step: heaviest rank cost / mean rank cost.")
+	m.rowsForwarded = f.counter("floe_rows_forwarded_total", "Rows the trainer forwards in formed steps (cut repeats included, padding excluded).")
+	m.perRequestTokens = f.counter("floe_per_request_tokens_total", "Rows the per_request strategy would forward for the same steps (prompt + response tokens of every call).")
+	m.tokensSaved = f.counter("floe_tokens_saved_total", "Rows saved against per_request: floe_per_request_tokens_total - floe_rows_forwarded_total.")
+	m.lossTokens = f.counter("floe_loss_tokens_total", "Sampled tokens trained in formed steps.")
+	m.trainerWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_trainer_wait_seconds",
+		Help: "Seconds a trainer rank waited for data in a step, from its reports.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)})
+	m.trainerStep = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_trainer_step_seconds",
+		Help: "Seconds a trainer rank spent on a step, from its reports.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 18)})
+	m.trainerPeak = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "floe_trainer_peak_memory_bytes",
+		Help: "Peak memory a trainer rank reported for its last step."}, []string{"rank"})
+	m.reg.MustRegister(m.upstream, m.stepFormation, m.trainerWait, m.trainerStep, m.trainerPeak,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{st: st})
+	if st.Monitor != nil && st.Monitor.DeviceCount() > 0 {
+		m.gpuBusy = f.gauge("floe_gpu_step_busy_fraction", "GPU busy fraction (mean utilization, 0..1) over the last step, from its first micro-batch served to its commit.")
+		m.gpuPeak = f.gauge("floe_gpu_step_peak_memory_bytes", "Peak device memory used over the last step's window.")
+	}
+	return m
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Registry is the sidecar's registry.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Recorded implements proxy.Metrics.
+func (m *Metrics) Recorded(api string, trainable bool) {
+	m.calls.WithLabelValues(api, strconv.FormatBool(trainable)).Inc()
+}
+
+// Upstream implements proxy.Metrics.
+func (m *Metrics) Upstream(api string, latency time.Duration) {
+	m.upstream.WithLabelValues(api).Observe(latency.Seconds())
+}
+
+// Failed implements proxy.Metrics.
+func (m *Metrics) Failed(api string, kind proxy.ErrorKind) {
+	m.proxyErrors.WithLabelValues(api, string(kind)).Inc()
+}
+
+func (m *Metrics) sessionFinished(status trace.Status) {
+	m.finished.WithLabelValues(string(status)).Inc()
+}
+
+func (m *Metrics) stepFormed(st *batcher.Step, took time.Duration, recovered bool) {
+	m.stepsFormed.WithLabelValues(strconv.FormatBool(recovered)).Inc()
+	m.stepFormation.Observe(took.Seconds())
+	m.fill.Set(st.Stats.Fill)
+	m.imbalance.Set(st.Stats.Imbalance)
+	m.rowsForwarded.Add(float64(st.Stats.Rows))
+	m.perRequestTokens.Add(float64(st.Stats.InputTokens))
+	m.tokensSaved.Add(float64(st.Stats.InputTokens - st.Stats.Rows))
+	m.lossTokens.Add(float64(st.Stats.LossRows))
+}
+
+func (m *Metrics) served(rows, bytes int) {
+	m.flightBatches.Inc()
+	m.flightRows.Add(float64(rows))
+	m.flightBytes.Add(float64(bytes))
+}
+
+func (m *Metrics) report(rank int, wait, step float64, peak int64) {
+	m.trainerWait.Observe(wait)
+	m.trainerStep.Observe(step)
+	m.trainerPeak.WithLabelValues(strconv.Itoa(rank)).Set(float64(peak))
+}
+
+func (m *Metrics) gpuStep(s gpu.Summary) {
+	if m.gpuBusy != nil {
+		m.gpuBusy.Set(s.BusyFraction)
+		m.gpuPeak.Set(float64(s.PeakMemoryUsed))
+	}
+}
+
+// promauto registers as it builds.
+type promauto struct{ reg *prometheus.Registry }
+
+func (p promauto) counter(name, help string) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	p.reg.MustRegister(c)
+	return c
+}
+
+func (p promauto) counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	p.reg.MustRegister(c)
+	return c
+}
+
+func (p promauto) gauge(name, help string) prometheus.Gauge {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	p.reg.MustRegister(g)
+	return g
+}
+
+var (
+	descSessions = prometheus.NewDesc("floe_sessions", "Sessions in the store, by state (running, finished).", []string{"state"}, nil)
+	descGroups   = prometheus.NewDesc("floe_groups", "Groups in the store, by state: open (sessions running or missing), complete (waiting for a step), in_step, dropped.", []string{"state"}, nil)
+	descReady    = prometheus.NewDesc("floe_ready_steps", "Steps READY in the buffer, formed and not committed.", nil, nil)
+	descGPUUtil  = prometheus.NewDesc("floe_gpu_utilization", "GPU utilization at the latest sample, 0..1, by device.", []string{"device"}, nil)
+	descGPUMem   = prometheus.NewDesc("floe_gpu_memory_used_bytes", "Device memory used at the latest sample, by device.", []string{"device"}, nil)
+	descGPUTotal = prometheus.NewDesc("floe_gpu_memory_total_bytes", "Device memory, by device.", []string{"device"}, nil)
+)
+
+// stateCollector reads the store, the READY buffer and the GPU at scrape time.
+type stateCollector struct{ st State }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSessions, descGroups, descReady, descGPUUtil, descGPUMem, descGPUTotal} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.st.Store != nil {
+		if gs, err := c.st.Store.Groups(); err == nil {
+			var running, finished int
+			groups := map[string]int{"open": 0, "complete": 0, "in_step": 0, "dropped": 0}
+			for _, g := range gs {
+				running += g.Sessions - g.Finished
+				finished += g.Finished
+				switch {
+				case g.Dropped:
+					groups["dropped"]++
+				case g.Step >= 0:
+					groups["in_step"]++
+				case g.Sessions > 0 && g.Finished == g.Sessions && g.Sessions >= g.Size:
+					groups["complete"]++
+				default:
+					groups["open"]++
+				}
+			}
+			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(running), "running")
+			ch <- prometheus.MustNewConstMetric(descSessions, prometheus.GaugeValue, float64(finished), "finished")
+			for state, n := range groups {
+				ch <- prometheus.MustNewConstMetric(descGroups, prometheus.GaugeValue, float64(n), state)
+			}
+		}
+	}
+	if c.st.Ready != nil {
+		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, float64(c.st.Ready.Depth()))
+	}
+	if c.st.Monitor != nil {
+		if s, ok := c.st.Monitor.Latest(); ok {
+			for _, d := range s.Devices {
+				dev := strconv.Itoa(d.Index)
+				ch <- prometheus.MustNewConstMetric(descGPUUtil, prometheus.GaugeValue, float64(d.Util)/100, dev)
+				ch <- prometheus.MustNewConstMetric(descGPUMem, prometheus.GaugeValue, float64(d.MemoryUsed), dev)
+				ch <- prometheus.MustNewConstMetric(descGPUTotal, prometheus.GaugeValue, float64(d.MemoryTotal), dev)
+			}
+		}
+	}
+}

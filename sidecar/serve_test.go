@@ -1,0 +1,426 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/floe-rl/floe/gpu"
+)
+
+// fakeUpstream answers chat completions with token ids derived from the request, so the
+// prompts of one conversation extend each other as real ones do.
+func fakeUpstream(t *testing.T) string {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
+	})
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		var prompt []int32
+		for _, m := range req.Messages {
+			for _, b := range []byte(m.Content) {
+				prompt = append(prompt, int32(b))
+			}
+			prompt = append(prompt, 0)
+		}
+		answer := "ok " + fmt.Sprint(len(req.Messages))
+		var ids []int32
+		var lps []map[string]any
+		for _, b := range []byte(answer) {
+			ids = append(ids, int32(b))
+			lps = append(lps, map[string]any{"logprob": -0.5})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"id": "c", "prompt_token_ids": prompt,
+			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "token_ids": ids, "logprobs": map[string]any{"content": lps},
+				"message": map[string]any{"role": "assistant", "content": answer}}}})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// running is a floe serve started in-process.
+type running struct {
+	t      *testing.T
+	proxy  string
+	flight flight.Client
+}
+
+func startServe(t *testing.T, cfg Config) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan Addrs, 1)
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	go func() { done <- Serve(ctx, cfg, log, func(a Addrs) { addrs <- a }) }()
+	var a Addrs
+	select {
+	case a = <-addrs:
+	case err := <-done:
+		cancel()
+		t.Fatalf("Serve: %v", err)
+	}
+	c, err := flight.NewClientWithMiddleware(strings.TrimPrefix(a.Flight, "grpc+tcp://"), nil, nil,
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve returned %v", err)
+		}
+	})
+	return &running{t: t, proxy: a.Proxy, flight: c}
+}
+
+func testConfig(t *testing.T) Config {
+	cfg := DefaultConfig()
+	cfg.DataDir = t.TempDir()
+	cfg.ProxyAddr, cfg.FlightAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream = fakeUpstream(t)
+	cfg.GroupSize, cfg.MinGroupSize, cfg.StepsAhead = 2, 2, 2
+	cfg.Batcher.PadMultiple, cfg.Batcher.TokenBudget = 16, 4096
+	return cfg
+}
+
+func (r *running) post(path, key, body string, want int) map[string]any {
+	r.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, r.proxy+path, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != want {
+		r.t.Fatalf("POST %s: %d %v, want %d", path, resp.StatusCode, out, want)
+	}
+	return out
+}
+
+// group runs one group of two sessions of two calls each and finishes them.
+func (r *running) group(g int) {
+	r.t.Helper()
+	for i := range 2 {
+		s := r.post("/floe/v1/sessions", "", fmt.Sprintf(`{"task_id": "t%d", "group_id": "g%d"}`, g, g), 200)
+		key := s["api_key"].(string)
+		first := fmt.Sprintf(`{"role":"user","content":"task %d session %d"}`, g, i)
+		res := r.post("/v1/chat/completions", key, `{"model":"x","messages":[`+first+`]}`, 200)
+		reply := res["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"].(string)
+		r.post("/v1/chat/completions", key, fmt.Sprintf(`{"model":"x","messages":[%s,{"role":"assistant","content":%q},{"role":"user","content":"more"}]}`, first, reply), 200)
+		r.post("/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": "completed"}`, i), 200)
+	}
+}
+
+// fetch reads rank 0 of step n, waiting for it to be READY.
+func (r *running) fetch(n int) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := r.flight.DoGet(ctx, &flight.Ticket{Ticket: fmt.Appendf(nil, `{"step": %d, "rank": 0}`, n)})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		r.t.Fatalf("step %d: %v", n, err)
+	}
+	defer rd.Release()
+	for rd.Next() {
+	}
+	if err := rd.Err(); err != nil {
+		r.t.Fatalf("step %d: %v", n, err)
+	}
+}
+
+func (r *running) action(typ, body string) map[string]any {
+	r.t.Helper()
+	s, err := r.flight.DoAction(context.Background(), &flight.Action{Type: typ, Body: []byte(body)})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	res, err := s.Recv()
+	if err != nil {
+		r.t.Fatalf("%s %s: %v", typ, body, err)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(res.Body, &out); err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+func (r *running) metrics() string {
+	r.t.Helper()
+	resp, err := http.Get(r.proxy + "/metrics")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		r.t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+// metric returns the value of the series (name with its labels, as exposed), or -1
+// when absent.
+func metric(body, series string) float64 {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return -1
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestServeMetricsStatusAndAutoBudget runs groups through an in-process floe serve with
+// --token-budget auto and no GPU (the device memory given): /metrics moves with calls,
+// steps, the READY buffer and Flight; the status action carries the budget and the
+// trainer's reports; calm reports grow the budget and a report over the memory target
+// shrinks it for the next step.
+func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TokenBudgetAuto = true
+	cfg.TokenBudgetMin, cfg.TokenBudgetMax = 256, 4096
+	cfg.GPUMemoryBytes = 1 << 30
+	cfg.MemoryTarget = 0.9
+	cfg.GPU = noDriver{}
+	r := startServe(t, cfg)
+	limit := int64(9 * (1 << 30) / 10)
+
+	// An unknown key is an authentication error, counted by kind.
+	r.post("/v1/chat/completions", "sk-nobody", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`, 401)
+
+	budgets := []int{}
+	var lastStatus map[string]any
+	for n := range 6 {
+		r.group(n)
+		waitFor(t, fmt.Sprintf("step %d READY", n), func() bool {
+			return metric(r.metrics(), "floe_ready_steps") == 1
+		})
+		st := r.action("status", "{}")
+		budgets = append(budgets, int(st["token_budget"].(float64)))
+		r.fetch(n)
+		r.action("commit", fmt.Sprintf(`{"step": %d}`, n))
+		peak := limit / 20 // calm: the model allows several times the rows of these small steps
+		if n == 3 {
+			peak = limit + limit/20 // over the target
+		}
+		r.action("report", fmt.Sprintf(`{"step": %d, "rank": 0, "peak_memory_bytes": %d, "step_seconds": 0.5, "wait_seconds": 0.1, "pid": %d}`,
+			n, peak, os.Getpid()))
+		lastStatus = r.action("status", "{}")
+		if ls, ok := lastStatus["last_step"].(map[string]any); !ok || int(ls["step"].(float64)) != n {
+			t.Fatalf("status after step %d's report: last_step %v", n, lastStatus["last_step"])
+		}
+	}
+	t.Logf("budgets per step: %v", budgets)
+	if budgets[0] != 256 || budgets[3] <= budgets[0] {
+		t.Fatalf("budgets %v: want 256 first and growth after three calm steps", budgets)
+	}
+	if budgets[4] >= budgets[3] {
+		t.Fatalf("budgets %v: the report over the memory target at step 3 did not shrink step 4's budget", budgets)
+	}
+	if lastStatus["token_budget_mode"] != "auto" || lastStatus["gpu_devices"] != 0.0 {
+		t.Fatalf("status %v", lastStatus)
+	}
+	ls := lastStatus["last_step"].(map[string]any)
+	if int(ls["token_budget"].(float64)) != budgets[5] || ls["fill"].(float64) <= 0 || ls["wait_seconds"] != 0.1 {
+		t.Fatalf("last_step %v", ls)
+	}
+	if _, ok := ls["gpu_busy_fraction"]; ok {
+		t.Fatalf("GPU figures without a GPU: %v", ls)
+	}
+	reports := lastStatus["reports"].([]any)
+	if len(reports) != 1 || reports[0].(map[string]any)["pid"] != float64(os.Getpid()) {
+		t.Fatalf("reports %v", reports)
+	}
+
+	m := r.metrics()
+	for series, want := range map[string]float64{
+		`floe_calls_recorded_total{api="openai_chat",trainable="true"}`:    24,
+		`floe_proxy_errors_total{api="openai_chat",kind="authentication"}`: 1,
+		`floe_upstream_latency_seconds_count{api="openai_chat"}`:           24,
+		`floe_sessions_finished_total{status="completed"}`:                 12,
+		`floe_sessions{state="finished"}`:                                  12,
+		`floe_sessions{state="running"}`:                                   0,
+		`floe_groups{state="in_step"}`:                                     6,
+		`floe_groups{state="dropped"}`:                                     0,
+		`floe_steps_formed_total{recovered="false"}`:                       6,
+		`floe_step_formation_seconds_count`:                                6,
+		`floe_steps_committed_total`:                                       6,
+		`floe_ready_steps`:                                                 0,
+		`floe_trainer_wait_seconds_count`:                                  6,
+		`floe_trainer_step_seconds_sum`:                                    3,
+		`floe_token_budget_rows`:                                           float64(lastStatus["token_budget"].(float64)),
+		`floe_trainer_peak_memory_bytes{rank="0"}`:                         float64(limit / 20),
+	} {
+		if got := metric(m, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	for _, series := range []string{"floe_flight_bytes_sent_total", "floe_flight_micro_batches_served_total", "floe_flight_rows_sent_total",
+		"floe_rows_forwarded_total", "floe_per_request_tokens_total", "floe_loss_tokens_total", "floe_step_fill", "floe_step_imbalance"} {
+		if got := metric(m, series); got <= 0 {
+			t.Errorf("%s = %v, want > 0", series, got)
+		}
+	}
+	if saved, fwd, per := metric(m, "floe_tokens_saved_total"), metric(m, "floe_rows_forwarded_total"), metric(m, "floe_per_request_tokens_total"); saved != per-fwd {
+		t.Errorf("tokens saved %v != per_request %v - forwarded %v", saved, per, fwd)
+	}
+	if metric(m, "floe_gpu_step_busy_fraction") != -1 || strings.Contains(m, "floe_gpu_utilization{") {
+		t.Errorf("GPU metrics without a GPU")
+	}
+	if !strings.Contains(m, "go_goroutines") {
+		t.Errorf("no Go runtime metrics")
+	}
+}
+
+// TestServeAutoBudgetRecordedPerStep: the durable record of each step's budget, which a
+// restart forms uncommitted steps again with, survives a reload, forgets committed
+// steps and refuses a corrupt file.
+func TestServeAutoBudgetRecordedPerStep(t *testing.T) {
+	dir := t.TempDir()
+	b, err := loadStepBudgets(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.set(3, 512); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.set(4, 640); err != nil {
+		t.Fatal(err)
+	}
+	again, err := loadStepBudgets(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := again.get(4); !ok || v != 640 {
+		t.Fatalf("step 4's budget after reload: %d %v", v, ok)
+	}
+	if err := again.forget(4, 4); err != nil {
+		t.Fatal(err)
+	}
+	third, _ := loadStepBudgets(dir)
+	if _, ok := third.get(3); ok {
+		t.Fatal("step 3 (below the first kept) still recorded")
+	}
+	if _, ok := third.get(4); ok {
+		t.Fatal("step 4 (forgotten) still recorded")
+	}
+	if err := os.WriteFile(dir+"/"+budgetsFile, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadStepBudgets(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Fatalf("a corrupt budget record: %v", err)
+	}
+}
+
+// TestServeGPUWindow runs a step on a fake one-GPU machine: the step's GPU window (from
+// its first micro-batch to its commit) is in the status action and /metrics, the
+// trainer PID from the report is watched, and the device peak reaches the controller.
+func TestServeGPUWindow(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TokenBudgetAuto = true
+	cfg.TokenBudgetMin, cfg.TokenBudgetMax = 256, 4096
+	dev := &fakeDevice{used: 60 << 30, total: 100 << 30, util: 80, pid: int32(os.Getpid())}
+	cfg.GPU = fakeLib{dev}
+	r := startServe(t, cfg)
+	r.action("report", fmt.Sprintf(`{"step": 99, "rank": 0, "peak_memory_bytes": 1, "step_seconds": 0, "wait_seconds": 0, "pid": %d}`, os.Getpid()))
+	r.group(0)
+	r.fetch(0)
+	time.Sleep(300 * time.Millisecond) // a few 10 Hz samples inside the window
+	r.action("commit", `{"step": 0}`)
+	r.action("report", fmt.Sprintf(`{"step": 0, "rank": 0, "peak_memory_bytes": %d, "step_seconds": 0.3, "wait_seconds": 0, "pid": %d}`, 10<<30, os.Getpid()))
+	st := r.action("status", "{}")
+	ls := st["last_step"].(map[string]any)
+	if st["gpu_devices"] != 1.0 || math.Abs(ls["gpu_busy_fraction"].(float64)-0.8) > 1e-9 || ls["gpu_peak_memory_bytes"] != float64(60<<30) ||
+		ls["gpu_memory_total_bytes"] != float64(100<<30) || ls["gpu_samples"].(float64) < 1 {
+		t.Fatalf("status %v", st)
+	}
+	d := st["token_budget_decision"].(map[string]any)
+	if d["peak_bytes"] != float64(60<<30) { // the device's peak, above the reported one
+		t.Fatalf("decision %v", d)
+	}
+	m := r.metrics()
+	if math.Abs(metric(m, "floe_gpu_step_busy_fraction")-0.8) > 1e-9 || metric(m, "floe_gpu_step_peak_memory_bytes") != float64(60<<30) ||
+		metric(m, `floe_gpu_utilization{device="0"}`) != 0.8 || metric(m, `floe_gpu_memory_total_bytes{device="0"}`) != float64(100<<30) {
+		t.Fatalf("GPU metrics:\n%s", m)
+	}
+}
+
+// noDriver is a machine without an NVIDIA driver.
+type noDriver struct{}
+
+func (noDriver) Init() error                    { return fmt.Errorf("no driver") }
+func (noDriver) Shutdown() error                { panic("Shutdown after a failed Init") }
+func (noDriver) DeviceCount() (int, error)      { panic("DeviceCount after a failed Init") }
+func (noDriver) Device(int) (gpu.Device, error) { panic("Device after a failed Init") }
+
+// fakeLib is a machine with one GPU at constant utilization and memory.
+type fakeLib struct{ d *fakeDevice }
+
+func (fakeLib) Init() error                      { return nil }
+func (fakeLib) Shutdown() error                  { return nil }
+func (fakeLib) DeviceCount() (int, error)        { return 1, nil }
+func (l fakeLib) Device(int) (gpu.Device, error) { return l.d, nil }
+
+type fakeDevice struct {
+	used, total uint64
+	util        uint32
+	pid         int32
+}
+
+func (d *fakeDevice) Name() (string, error)                { return "Fake H200", nil }
+func (d *fakeDevice) UUID() (string, error)                { return "GPU-fake", nil }
+func (d *fakeDevice) Memory() (uint64, uint64, error)      { return d.used, d.total, nil }
+func (d *fakeDevice) Utilization() (uint32, uint32, error) { return d.util, 10, nil }
+func (d *fakeDevice) ComputeProcesses() ([]gpu.ProcessMemory, error) {
+	return []gpu.ProcessMemory{{PID: d.pid, MemoryUsed: d.used / 2}}, nil
+}
+func (d *fakeDevice) ProcessUtilization(uint64) ([]gpu.ProcessUtilization, error) { return nil, nil }
