@@ -7,7 +7,8 @@
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
 #   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
-#   make demo    floe bench
+#   make demo    the whole loop: reference inference server, floe serve, agent rollouts, GRPO trainer
+#                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe bench)
 
 GO       ?= go
 GOFMT    ?= gofmt
@@ -20,14 +21,15 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py test-harness go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
 
 all: test
 
-demo:
-	$(GO) run ./cmd/floe bench
+# demo/run.py builds floe with $(GO) and runs everything from a temporary directory.
+demo: venv
+	GO=$(GO) $(VPY) demo/run.py
 
-test: test-go test-py test-harness
+test: test-go test-py test-harness test-demo
 
 go-deps:
 	$(GO) mod download
@@ -61,6 +63,10 @@ $(HARNESS_STAMP): harness/package.json
 
 test-harness: venv $(HARNESS_STAMP)
 	$(VPY) -m pytest harness/tests -q -c harness/pytest.ini
+
+# The demo itself, in a reduced run.
+test-demo: venv
+	$(VPY) -m pytest demo/tests -q
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 

@@ -37,6 +37,7 @@ type Server struct {
 	// Observer, when set, is told of every micro-batch sent; nil observes nothing.
 	Observer Observer
 
+	closing context.Context // done once Serve is stopping
 	flight.BaseFlightServer
 }
 
@@ -80,12 +81,18 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	)
 	srv.RegisterFlightService(s)
 	srv.InitListener(lis)
+	var stop context.CancelFunc
+	s.closing, stop = context.WithCancel(context.Background())
+	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve() }()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
+		// A graceful stop waits for calls in flight, and a call waiting for a step would
+		// hold it until the client's deadline: end those waits first.
+		stop()
 		srv.Shutdown()
 		<-done
 		return nil
@@ -153,6 +160,9 @@ func (s *Server) waitContext(ctx context.Context) (context.Context, context.Canc
 func (s *Server) step(ctx context.Context, n int64) (Step, error) {
 	wctx, cancel := s.waitContext(ctx)
 	defer cancel()
+	if s.closing != nil {
+		defer context.AfterFunc(s.closing, cancel)()
+	}
 	var st Step
 	var err error
 	if n < 0 {
@@ -176,6 +186,8 @@ func (s *Server) statusOf(err error, what string) error {
 		return string(b)
 	}
 	switch {
+	case s.closing != nil && s.closing.Err() != nil:
+		return grpcError(codes.Unavailable, "floe is shutting down while %s was awaited", what)
 	case errors.Is(err, ErrCommitted):
 		return grpcError(codes.FailedPrecondition, "%v", err)
 	case errors.Is(err, ErrNoSuchStep):

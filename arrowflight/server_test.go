@@ -367,3 +367,42 @@ func TestControlActions(t *testing.T) {
 		t.Errorf("ListActions = %v", names)
 	}
 }
+
+// TestShutdownEndsWaits: stopping the server must not wait for a client that waits for a
+// step, up to that client's deadline.
+func TestShutdownEndsWaits(t *testing.T) {
+	ready := sidecar.NewReady(1, 0)
+	lis, err := arrowflight.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: slog.New(slog.DiscardHandler)}, Log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	c, err := flight.NewClientWithMiddleware(lis.Addr().String(), nil, nil, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	waited := make(chan error, 1)
+	go func() {
+		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer wcancel()
+		_, err := c.GetFlightInfo(wctx, &flight.FlightDescriptor{Type: flight.DescriptorPATH, Path: []string{"step", "0"}})
+		waited <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the client is waiting for step 0
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return within 5 s of being stopped while a client waited")
+	}
+	if err := <-waited; status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("the waiting client got %v, want Unavailable: shutting down", err)
+	}
+}

@@ -506,7 +506,9 @@ class FloeClient:
         """
         if commit is None:
             commit = self.rank == 0
+        t_first = time.monotonic()
         n = self.step_info(timeout=timeout).step if start is None else int(start)
+        first_lookup = time.monotonic() - t_first  # part of the first step's wait
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-prefetch") if prefetch else None
 
         def fetch(k: int) -> Future[Step] | None:
@@ -523,6 +525,9 @@ class FloeClient:
                     return
                 if pending is not None:
                     step.wait_seconds = time.monotonic() - t0
+                if yielded == 0:
+                    step.wait_seconds += first_lookup
+                if pending is not None:
                     more = count is None or yielded + 1 < count
                     pending = fetch(n + 1) if more else None
                 yield step
@@ -612,14 +617,17 @@ class FloeClient:
         step_seconds: float = 0.0,
         wait_seconds: float = 0.0,
         timeout: float | None = None,
+        pid: int | None = None,
     ) -> dict[str, Any]:
-        """Report one rank's measurements for a step."""
+        """Report one rank's measurements for a step. ``pid`` (default: this process's)
+        lets floe attribute GPU utilization and memory to the trainer's processes."""
         body = {
             "step": int(step),
             "rank": self.rank if rank is None else int(rank),
             "peak_memory_bytes": int(peak_memory_bytes),
             "step_seconds": float(step_seconds),
             "wait_seconds": float(wait_seconds),
+            "pid": os.getpid() if pid is None else int(pid),
         }
         return self._action("report", body, timeout)
 

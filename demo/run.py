@@ -1,0 +1,562 @@
+#!/usr/bin/env python3
+"""floe's demo: the whole loop on one machine, CPU only, in well under 3 minutes.
+
+    make demo                      # = .venv/bin/python demo/run.py
+    .venv/bin/python demo/run.py --groups 2 --quick --summary-json out.json
+
+It builds the ``floe`` binary, then starts, each in its own process group:
+
+1. the reference inference server (``python -m floe_bridge.refserver``: a tiny seeded Qwen2
+   model, vLLM's wire format, scripted outputs),
+2. ``floe serve`` on free ports with a temporary data dir, the ``tree`` strategy, groups of
+   4 sessions and 1-2 groups per step,
+3. the trainer (demo/trainer.py: GRPO on the same tiny model, consuming steps over Arrow
+   Flight as floe forms them and committing each),
+
+and runs the rollout driver (demo/agent.py) in this process: groups of 4 coding-agent
+sessions on the official ``openai`` SDK with two tools, through floe's proxy, each finished
+with a reward through the control API. A live progress line shows sessions, groups, steps
+formed and trained and the trainer's data-wait; at the end a summary compares the rows floe
+forwarded with ``tree`` against what ``per_request`` would forward for the same recorded
+calls. Everything is stopped (SIGTERM, then SIGKILL after a grace period) on the way out,
+also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this process dies
+(PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import agent  # noqa: E402
+
+TOKEN_BUDGET = 4096
+PAD_MULTIPLE = 16
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _pdeathsig() -> None:
+    """In the child before exec: get SIGTERM when the parent (this process) dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[str]
+    log_path: str
+
+
+@dataclass
+class State:
+    children: list[Child] = field(default_factory=list)
+    steps_formed: int = 0
+    step_lines: list[dict[str, Any]] = field(default_factory=list)
+    floe_fill: dict[int, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def start(
+    state: State, name: str, argv: list[str], log_dir: str, env: dict[str, str] | None = None, stdin: bool = False
+) -> Child:
+    log_path = os.path.join(log_dir, f"{name}.log")
+    log = open(log_path, "w", encoding="utf-8")
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,  # Ctrl-C reaches only this process, which stops the others in order
+        preexec_fn=_pdeathsig,
+    )
+    log.close()
+    c = Child(name, proc, log_path)
+    state.children.append(c)
+    return c
+
+
+def first_json_line(c: Child, timeout: float) -> dict[str, Any]:
+    """The JSON object a server prints on stdout once it is listening."""
+    assert c.proc.stdout is not None
+    out: dict[str, Any] = {}
+    done = threading.Event()
+
+    def read() -> None:
+        assert c.proc.stdout is not None
+        for line in c.proc.stdout:
+            line = line.strip()
+            if line.startswith("{"):
+                out.update(json.loads(line))
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not done.wait(timeout) or not out:
+        raise RuntimeError(f"{c.name} did not start within {timeout:.0f}s (exit {c.proc.poll()}); log:\n{tail(c.log_path)}")
+    return out
+
+
+def tail(path: str, n: int = 25) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def stop_all(state: State, grace: float = 10.0) -> list[tuple[str, int | None]]:
+    """SIGTERM each child's process group, consumers first (trainer, floe, inference server),
+    wait, then SIGKILL what is left. The trainer goes first: floe serve's graceful stop waits
+    for a Flight call blocked on a step that is not READY yet."""
+    order = {"trainer": 0, "floe": 1, "refserver": 2}
+    codes = []
+    for c in sorted(state.children, key=lambda c: order.get(c.name, 9)):
+        if c.proc.poll() is None:
+            try:
+                os.killpg(c.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                c.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                print(f"demo: {c.name} ignored SIGTERM for {grace:.0f}s; killing it", file=sys.stderr)
+                try:
+                    os.killpg(c.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                c.proc.wait()
+        # a process group can outlive its leader: make sure nothing of it is left
+        try:
+            os.killpg(c.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pipe in (c.proc.stdin, c.proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        codes.append((c.name, c.proc.returncode))
+    return codes
+
+
+def follow_floe_log(state: State, path: str, stop: threading.Event) -> None:
+    """Count "step READY" lines in floe's log (its fill per step rides along)."""
+    pat = re.compile(r'msg="step READY".*?\bstep=(\d+).*?\bfill=([0-9.]+)')
+    with open(path, encoding="utf-8", errors="replace") as f:
+        buf = ""
+        while True:
+            chunk = f.read()
+            if chunk:
+                buf += chunk
+                *lines, buf = buf.split("\n")
+                for line in lines:
+                    m = pat.search(line)
+                    if m:
+                        with state.lock:
+                            state.steps_formed += 1
+                            state.floe_fill[int(m.group(1))] = float(m.group(2))
+            elif stop.is_set():
+                return
+            else:
+                time.sleep(0.1)
+
+
+def follow_trainer(state: State, c: Child, on_step: Any, ready: threading.Event) -> None:
+    assert c.proc.stdout is not None
+    for line in c.proc.stdout:
+        if line.startswith("FLOE_READY"):
+            ready.set()
+        elif line.startswith("FLOE_STEP "):
+            rec = json.loads(line[len("FLOE_STEP "):])
+            with state.lock:
+                state.step_lines.append(rec)
+            on_step(rec)
+
+
+class Display:
+    """One live status line on a terminal; a plain line every few seconds otherwise."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.lock = threading.Lock()
+        self.last = ""
+        self.last_plain = 0.0
+
+    def status(self, text: str) -> None:
+        with self.lock:
+            if self.tty:
+                self.out.write("\r\033[K" + text)
+                self.out.flush()
+            elif time.monotonic() - self.last_plain >= 5 or text.startswith("done"):
+                self.out.write(text + "\n")
+                self.out.flush()
+                self.last_plain = time.monotonic()
+            self.last = text
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            if self.tty:
+                self.out.write("\r\033[K" + text + "\n" + self.last)
+            else:
+                self.out.write(text + "\n")
+            self.out.flush()
+
+    def end(self) -> None:
+        with self.lock:
+            if self.tty and self.last:
+                self.out.write("\n")
+                self.out.flush()
+            self.last = ""
+
+
+def fmt_rows(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def summarize(
+    args: argparse.Namespace,
+    state: State,
+    results: list[agent.SessionResult],
+    proxy: str,
+    wall: float,
+    trainer_wall: float,
+) -> dict[str, Any]:
+    steps = sorted(state.step_lines, key=lambda r: r["step"])
+    trained_groups = len(steps) * args.groups_per_step
+    # per_request forwards every trainable call as its own sequence: prompt + response rows
+    per_request = tree_calls = 0
+    calls_total = 0
+    prompt_tokens = 0
+    for r in results:
+        if r.group >= trained_groups or r.status != "completed":
+            continue  # its group is in no trained step, or floe trains none of its tokens
+        sess = agent.get_json(f"{proxy}/floe/v1/sessions/{r.session_id}")
+        for c in sess.get("calls") or []:
+            calls_total += 1
+            if c.get("Trainable"):
+                tree_calls += 1
+                per_request += len(c.get("PromptIDs") or []) + len(c.get("ResponseIDs") or [])
+                prompt_tokens += len(c.get("PromptIDs") or [])
+    tree_real = sum(s["real_rows"] for s in steps)
+    tree_padded = sum(s["rows"] for s in steps)
+    wait = sum(s["wait_s"] for s in steps)
+    busy = sum(s["step_s"] for s in steps)
+    rewards = [r.reward for r in results if r.group < trained_groups]
+    return {
+        "steps_trained": len(steps),
+        "steps_planned": args.groups // args.groups_per_step,
+        "groups": args.groups,
+        "groups_per_step": args.groups_per_step,
+        "sessions": len(results),
+        "sessions_completed": sum(r.status == "completed" for r in results),
+        "calls": calls_total,
+        "trainable_calls": tree_calls,
+        "mean_reward": sum(rewards) / max(len(rewards), 1),
+        "per_request_rows": per_request,
+        "tree_rows": tree_real,
+        "tree_rows_padded": tree_padded,
+        "reduction": per_request / tree_real if tree_real else 0.0,
+        "data_wait_s": wait,
+        "train_s": busy,
+        "data_wait_share": wait / (wait + busy) if wait + busy > 0 else 0.0,
+        "fill": (sum(s["real_rows"] for s in steps) / sum(s["micro_batches"] * args.token_budget for s in steps))
+        if steps
+        else 0.0,
+        "imbalance": 1.0,  # one data-parallel rank
+        "floe_fill": dict(state.floe_fill),
+        "losses": [s["loss"] for s in steps],
+        "mismatch": [s["mismatch"] for s in steps],
+        "per_step": steps,
+        "wall_s": wall,
+        "trainer_wall_s": trainer_wall,
+    }
+
+
+def _metrics_row(s: dict[str, Any]) -> list[tuple[str, str]]:
+    m = s.get("floe_metrics") or {}
+    if "floe_rows_forwarded_total" not in m or "floe_per_request_tokens_total" not in m:
+        return []
+    return [("floe's own count (/metrics)",
+             f"{fmt_rows(m['floe_rows_forwarded_total'])} rows forwarded, "
+             f"{fmt_rows(m['floe_per_request_tokens_total'])} per_request")]
+
+
+def print_summary(s: dict[str, Any], out: IO[str]) -> None:
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p("")
+    p("| step | groups | samples | micro-batches | rows (tree) | fill  | loss      | mismatch | wait_s | step_s |")
+    p("|------|--------|---------|---------------|-------------|-------|-----------|----------|--------|--------|")
+    for r in s["per_step"]:
+        p(
+            f"| {r['step']:>4} | {s['groups_per_step']:>6} | {r['samples']:>7} | {r['micro_batches']:>13} | "
+            f"{fmt_rows(r['real_rows']):>11} | {r['fill']:.3f} | {r['loss']:>9.6f} | {r['mismatch']:>8.5f} | "
+            f"{r['wait_s']:>6.2f} | {r['step_s']:>6.2f} |"
+        )
+    p("")
+    rows = [
+        ("steps trained", f"{s['steps_trained']} of {s['steps_planned']}"),
+        ("sessions / model calls", f"{s['sessions']} sessions ({s['sessions_completed']} completed), "
+                                   f"{s['calls']} calls ({s['trainable_calls']} trainable), mean reward {s['mean_reward']:.2f}"),
+        ("rows per_request would forward", f"{fmt_rows(s['per_request_rows'])}  (Σ prompt + response over the trainable calls)"),
+        ("rows tree forwarded", f"{fmt_rows(s['tree_rows'])}  ({fmt_rows(s['tree_rows_padded'])} with padding to {PAD_MULTIPLE})"),
+        ("reduction", f"{s['reduction']:.2f}x fewer rows with tree"),
+        *_metrics_row(s),
+        ("data-wait share", f"{100 * s['data_wait_share']:.1f}% of trainer time "
+                            f"({s['data_wait_s']:.1f}s waiting, {s['train_s']:.1f}s training)"),
+        ("fill", f"{s['fill']:.3f}  (rows / (micro-batches x token budget {s['token_budget']}))"),
+        ("imbalance", f"{s['imbalance']:.3f}  (heaviest rank / mean rank; one data-parallel rank here)"),
+        ("loss per step", " ".join(f"{x:.4f}" for x in s["losses"])),
+        ("wall time", f"{s['wall_s']:.1f}s"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    p(f"| {'':<{w}} | |")
+    p(f"|{'-' * (w + 2)}|---|")
+    for k, v in rows:
+        p(f"| {k:<{w}} | {v} |")
+
+
+def floe_metrics(proxy: str) -> dict[str, float]:
+    """floe's own counters from GET /metrics (Prometheus text), where this floe has them."""
+    import urllib.request
+
+    want = ("floe_rows_forwarded_total", "floe_per_request_tokens_total", "floe_step_imbalance",
+            "floe_steps_committed_total", "floe_calls_recorded_total")
+    try:
+        with urllib.request.urlopen(f"{proxy}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in want:
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def build_floe(tmp: str) -> str:
+    if os.environ.get("FLOE_BIN"):
+        return os.environ["FLOE_BIN"]
+    path = os.path.join(tmp, "floe")
+    go = os.environ.get("GO", "go")
+    r = subprocess.run([go, "build", "-o", path, "./cmd/floe"], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"go build ./cmd/floe failed:\n{r.stderr}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--groups", type=int, default=None, help="GRPO groups of 4 sessions (default 16, 2 with --quick)")
+    ap.add_argument("--groups-per-step", type=int, default=None, help="groups per step (default 2, 1 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="a short run for tests")
+    ap.add_argument("--token-budget", type=int, default=TOKEN_BUDGET, help="floe -token-budget (rows per micro-batch)")
+    ap.add_argument("--summary-json", default=None, help="also write the summary as JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, data dir)")
+    args = ap.parse_args(argv)
+    if args.groups is None:
+        args.groups = 2 if args.quick else 16
+    if args.groups_per_step is None:
+        args.groups_per_step = 1 if args.quick else 2
+    if args.groups < args.groups_per_step or args.groups_per_step not in (1, 2):
+        ap.error("--groups-per-step must be 1 or 2 and at most --groups")
+    n_steps = args.groups // args.groups_per_step
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    t_start = time.monotonic()
+    tmp = tempfile.mkdtemp(prefix="floe-demo-")
+    log_dir = os.path.join(tmp, "logs")
+    os.makedirs(log_dir)
+    state = State()
+    disp = Display(sys.stdout)
+    stop = threading.Event()
+    results: list[agent.SessionResult] = []
+    rc = 1
+    summary: dict[str, Any] | None = None
+    pids: list[int] = []
+    try:
+        print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
+              f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
+        disp.status("building floe ...")
+        floe_bin = build_floe(tmp)
+
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        # the trainer imports torch and builds its model while the servers start; it reads
+        # floe's Flight location from stdin
+        trainer = start(state, "trainer", [
+            sys.executable, os.path.join(HERE, "trainer.py"), "--steps", str(n_steps),
+            "--token-budget", str(args.token_budget),
+        ], log_dir, env, stdin=True)
+        disp.status("starting the reference inference server ...")
+        ref = start(state, "refserver", [sys.executable, "-m", "floe_bridge.refserver", "--port", "0",
+                                          "--threads", "1", "--log-level", "WARNING"], log_dir, env)
+        ref_url = first_json_line(ref, 120)["base_url"]
+        upstream = ref_url[: -len("/v1")] if ref_url.endswith("/v1") else ref_url
+
+        disp.status("starting floe serve ...")
+        floe = start(state, "floe", [
+            floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+            "-data-dir", os.path.join(tmp, "floe-data"), "-upstream", upstream,
+            "-strategy", "tree", "-group-size", str(agent.GROUP_SIZE), "-groups-per-step", str(args.groups_per_step),
+            "-steps-ahead", "2", "-token-budget", str(args.token_budget), "-pad-multiple", str(PAD_MULTIPLE),
+        ], log_dir)
+        addrs = first_json_line(floe, 60)
+        proxy, flight = addrs["proxy"], addrs["flight"]
+        threading.Thread(target=follow_floe_log, args=(state, floe.log_path, stop), daemon=True).start()
+
+        trainer.proc.stdin.write(flight + "\n")  # type: ignore[union-attr]
+        trainer.proc.stdin.flush()  # type: ignore[union-attr]
+        pids = [c.proc.pid for c in state.children]
+
+        def on_step(r: dict[str, Any]) -> None:
+            disp.line(f"  step {r['step']}  loss {r['loss']:+.6f}  loss_tokens {r['loss_tokens']}  rows {r['real_rows']} "
+                      f"({r['micro_batches']} mb, fill {r['fill']:.3f})  wait_s {r['wait_s']:.2f}  step_s {r['step_s']:.2f}  "
+                      f"mismatch {r['mismatch']:.5f}")
+
+        ready = threading.Event()
+        tf = threading.Thread(target=follow_trainer, args=(state, trainer, on_step, ready), daemon=True)
+        tf.start()
+        disp.status("waiting for the trainer to load ...")
+        while not ready.wait(0.2):
+            if trainer.proc.poll() is not None:
+                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{tail(trainer.log_path)}")
+        t_trainer = time.monotonic()
+
+        progress = agent.Progress(args.groups * agent.GROUP_SIZE, args.groups)
+        repo = os.path.join(tmp, "repo")
+        box: dict[str, Any] = {}
+
+        def drive() -> None:
+            try:
+                box["results"] = agent.drive(proxy, upstream, repo, args.groups, progress, stop, wave=args.groups_per_step)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                box["error"] = e
+
+        driver = threading.Thread(target=drive, name="driver", daemon=True)
+        driver.start()
+
+        def line() -> str:
+            with state.lock:
+                formed, trained = state.steps_formed, len(state.step_lines)
+                wait = sum(r["wait_s"] for r in state.step_lines)
+            return (f"sessions {progress.sessions_done}/{progress.sessions_total}  calls {progress.calls}  "
+                    f"groups {progress.groups_done}/{progress.groups_total}  steps formed {formed}/{n_steps}  "
+                    f"trained {trained}/{n_steps}  data-wait {wait:.1f}s  [{time.monotonic() - t_start:.0f}s]")
+
+        while driver.is_alive() or trainer.proc.poll() is None:
+            disp.status(line())
+            for c in (ref, floe):
+                if c.proc.poll() is not None:
+                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}; log:\n{tail(c.log_path)}")
+            if "error" in box:
+                raise RuntimeError(f"rollout driver failed: {box['error']!r}")
+            if trainer.proc.poll() not in (None, 0):
+                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{tail(trainer.log_path)}")
+            time.sleep(0.25)
+        tf.join(5)
+        trainer_wall = time.monotonic() - t_trainer
+        disp.status(line())
+        disp.end()
+        if "error" in box:
+            raise RuntimeError(f"rollout driver failed: {box['error']!r}")
+        results = box["results"]
+        failed = [r for r in results if r.status != "completed"]
+        for r in failed[:5]:
+            print(f"demo: session {r.session_id} (group {r.group}) {r.status}: {r.error}", file=sys.stderr)
+        summary = summarize(args, state, results, proxy, time.monotonic() - t_start, trainer_wall)
+        summary["token_budget"] = args.token_budget
+        summary["floe_metrics"] = floe_metrics(proxy)
+        if "floe_step_imbalance" in summary["floe_metrics"]:
+            summary["imbalance"] = summary["floe_metrics"]["floe_step_imbalance"]  # floe's, of the last step
+        rc = 0 if trainer.proc.returncode == 0 and summary["steps_trained"] == n_steps else 1
+    except Interrupted as e:
+        disp.end()
+        print(f"\ndemo: {e}: stopping everything", file=sys.stderr)
+        rc = 130
+    except Exception as e:  # noqa: BLE001
+        disp.end()
+        print(f"\ndemo: error: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop.set()  # the driver starts no more groups; its calls in flight end with the servers
+        codes = stop_all(state)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    alive = [p for p in pids if _alive(p)]
+    stopped = ", ".join(f"{n} (exit {c})" for n, c in codes)
+    if summary is not None:
+        summary["stopped"] = dict(codes)
+        summary["child_pids"] = pids
+        summary["left_running"] = alive
+        print_summary(summary, sys.stdout)
+        print(f"\nstopped: {stopped}; nothing left running" if not alive else f"\nstill running: {alive}")
+        print("packing benchmark on the synthetic corpus (the former `make demo`): make bench-report  or  go run ./cmd/floe bench")
+        if args.summary_json:
+            with open(args.summary_json, "w", encoding="utf-8") as f:
+                json.dump(summary, f, indent=1)
+    else:
+        print(f"stopped: {stopped}", file=sys.stderr)
+    if alive:
+        rc = rc or 1
+    if args.keep or rc not in (0, 130):
+        print(f"demo: logs kept in {log_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is gone for our purposes only once reaped; we reaped our children in stop_all
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
