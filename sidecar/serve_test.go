@@ -20,41 +20,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/floe-rl/floe/gpu"
+	"github.com/floe-rl/floe/internal/fakevllm"
 )
 
-// fakeUpstream answers chat completions with token ids derived from the request, so the
-// prompts of one conversation extend each other as real ones do.
+// fakeUpstream is a fake vLLM for the test's lifetime.
 func fakeUpstream(t *testing.T) string {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
-	})
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-		}
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		var prompt []int32
-		for _, m := range req.Messages {
-			for _, b := range []byte(m.Content) {
-				prompt = append(prompt, int32(b))
-			}
-			prompt = append(prompt, 0)
-		}
-		answer := "ok " + fmt.Sprint(len(req.Messages))
-		var ids []int32
-		var lps []map[string]any
-		for _, b := range []byte(answer) {
-			ids = append(ids, int32(b))
-			lps = append(lps, map[string]any{"logprob": -0.5})
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"id": "c", "prompt_token_ids": prompt,
-			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "token_ids": ids, "logprobs": map[string]any{"content": lps},
-				"message": map[string]any{"role": "assistant", "content": answer}}}})
-	})
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(fakevllm.Handler())
 	t.Cleanup(srv.Close)
 	return srv.URL
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,6 +20,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/floe-rl/floe/internal/fakevllm"
 )
 
 // TestMain lets a test run the floe binary itself: the test binary re-executed with
@@ -42,40 +43,8 @@ func main2(args []string) {
 	main()
 }
 
-// fakeEngine answers chat completions with token ids derived from the request, so
-// prompts of one conversation extend each other as real ones do.
-func fakeEngine() *httptest.Server {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
-	})
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		var req struct {
-			Messages []struct {
-				Content string `json:"content"`
-			} `json:"messages"`
-		}
-		_ = json.NewDecoder(r.Body).Decode(&req)
-		var prompt []int32
-		for _, m := range req.Messages {
-			for _, b := range []byte(m.Content) {
-				prompt = append(prompt, int32(b))
-			}
-			prompt = append(prompt, 0)
-		}
-		answer := "ok " + fmt.Sprint(len(req.Messages))
-		ids := []int32{}
-		lps := []map[string]any{}
-		for _, b := range []byte(answer) {
-			ids = append(ids, int32(b))
-			lps = append(lps, map[string]any{"logprob": -0.5})
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"id": "c", "prompt_token_ids": prompt,
-			"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "token_ids": ids, "logprobs": map[string]any{"content": lps},
-				"message": map[string]any{"role": "assistant", "content": answer}}}})
-	})
-	return httptest.NewServer(mux)
-}
+// fakeEngine is a fake vLLM; the caller closes it.
+func fakeEngine() *httptest.Server { return httptest.NewServer(fakevllm.Handler()) }
 
 type floeProc struct {
 	cmd    *exec.Cmd
