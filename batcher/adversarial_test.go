@@ -23,42 +23,6 @@ import (
 // checked for loss terms attributed to the right session, stats, the sample table and
 // byte-for-byte determinism.
 
-// ownedTerm is a loss term together with the session that owns it: two layouts that train
-// the same terms but credit them to the wrong session differ here.
-type ownedTerm struct {
-	group, session string
-	lossTerm
-}
-
-type ownedSet map[ownedTerm]int
-
-// perRequestOwned lists the owned loss terms straight from the recorded calls.
-func perRequestOwned(groups []trace.Group, adv batcher.Advantage) ownedSet {
-	out := ownedSet{}
-	for gi := range groups {
-		g := &groups[gi]
-		rewards := make([]float64, len(g.Sessions))
-		for i := range g.Sessions {
-			rewards[i] = g.Sessions[i].Reward
-		}
-		advs := batcher.Advantages(adv, rewards)
-		for si := range g.Sessions {
-			s := &g.Sessions[si]
-			for _, c := range s.Calls {
-				if !c.Trainable {
-					continue
-				}
-				seq := append(append([]int32{}, c.PromptIDs...), c.ResponseIDs...)
-				for k, id := range c.ResponseIDs {
-					n := len(c.PromptIDs) + k
-					out[ownedTerm{g.ID, s.ID, lossTerm{tokensKey(seq[:n]), id, c.Logprobs[k], float32(advs[si])}}]++
-				}
-			}
-		}
-	}
-	return out
-}
-
 // decodeOwned reads the owned loss terms of every micro-batch from its columns, naming the
 // owner through sample_idx and the step's sample table.
 func decodeOwned(t *testing.T, st *batcher.Step) ownedSet {

@@ -39,10 +39,18 @@ func tokensKey(ids []int32) string {
 	return string(b)
 }
 
-// perRequestTerms lists the loss terms straight from the recorded calls: the definition
-// every strategy must reproduce.
-func perRequestTerms(groups []trace.Group, adv batcher.Advantage) termSet {
-	out := termSet{}
+// ownedTerm is a loss term together with the session that owns it: two layouts that train
+// the same terms but credit them to the wrong session differ here.
+type ownedTerm struct {
+	group, session string
+	lossTerm
+}
+
+type ownedSet map[ownedTerm]int
+
+// perRequestOwned lists the owned loss terms straight from the recorded calls.
+func perRequestOwned(groups []trace.Group, adv batcher.Advantage) ownedSet {
+	out := ownedSet{}
 	for gi := range groups {
 		g := &groups[gi]
 		rewards := make([]float64, len(g.Sessions))
@@ -51,17 +59,28 @@ func perRequestTerms(groups []trace.Group, adv batcher.Advantage) termSet {
 		}
 		advs := batcher.Advantages(adv, rewards)
 		for si := range g.Sessions {
-			for _, c := range g.Sessions[si].Calls {
+			s := &g.Sessions[si]
+			for _, c := range s.Calls {
 				if !c.Trainable {
 					continue
 				}
 				seq := append(append([]int32{}, c.PromptIDs...), c.ResponseIDs...)
-				for t, id := range c.ResponseIDs {
-					n := len(c.PromptIDs) + t
-					out[lossTerm{tokensKey(seq[:n]), id, c.Logprobs[t], float32(advs[si])}]++
+				for k, id := range c.ResponseIDs {
+					n := len(c.PromptIDs) + k
+					out[ownedTerm{g.ID, s.ID, lossTerm{tokensKey(seq[:n]), id, c.Logprobs[k], float32(advs[si])}}]++
 				}
 			}
 		}
+	}
+	return out
+}
+
+// perRequestTerms lists the loss terms straight from the recorded calls: the definition
+// every strategy must reproduce (perRequestOwned, without the owners).
+func perRequestTerms(groups []trace.Group, adv batcher.Advantage) termSet {
+	out := termSet{}
+	for t, n := range perRequestOwned(groups, adv) {
+		out[t.lossTerm] += n
 	}
 	return out
 }

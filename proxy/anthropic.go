@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,27 +72,6 @@ var (
 
 // Name is the API kind recorded with each call.
 func (Anthropic) Name() string { return "anthropic" }
-
-// anthSigPrefix starts every signature floe emits; the rest is base64 of the thinking text.
-const anthSigPrefix = "floe1."
-
-// anthSignature is the opaque signature floe gives a thinking block.
-func anthSignature(thinking string) string {
-	return anthSigPrefix + base64.StdEncoding.EncodeToString([]byte(thinking))
-}
-
-// anthSignatureText returns the thinking text a floe signature carries.
-func anthSignatureText(sig string) (string, bool) {
-	rest, ok := strings.CutPrefix(sig, anthSigPrefix)
-	if !ok {
-		return "", false
-	}
-	b, err := base64.StdEncoding.DecodeString(rest)
-	if err != nil {
-		return "", false
-	}
-	return string(b), true
-}
 
 // ---- decoding ----
 
@@ -596,7 +574,7 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 			if err != nil {
 				return msg, err
 			}
-			if st, ok := anthSignatureText(sig); ok {
+			if st, ok := reasoningFromSignature(sig); ok {
 				t = st
 			}
 			reasoning.WriteString(t)
@@ -605,7 +583,7 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 			if err != nil {
 				return msg, err
 			}
-			if st, ok := anthSignatureText(data); ok {
+			if st, ok := reasoningFromSignature(data); ok {
 				reasoning.WriteString(st)
 			}
 		case "tool_use":
@@ -840,21 +818,6 @@ func anthModel(req *Request) string {
 	return req.Model
 }
 
-// anthContentString reads a message's content as text.
-func anthContentString(c any) string {
-	switch v := c.(type) {
-	case string:
-		return v
-	case []ChatPart:
-		var sb strings.Builder
-		for _, p := range v {
-			sb.WriteString(p.Text)
-		}
-		return sb.String()
-	}
-	return ""
-}
-
 func anthNewID(prefix string) string { return prefix + rand.Text() }
 
 // WriteResponse writes a complete answer as an Anthropic message.
@@ -875,9 +838,9 @@ func (Anthropic) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 		m, finish = res.Choices[0].Message, res.Choices[0].FinishReason
 	}
 	if m.ReasoningContent != "" {
-		msg.Content = append(msg.Content, anthThinkingBlock{"thinking", m.ReasoningContent, anthSignature(m.ReasoningContent)})
+		msg.Content = append(msg.Content, anthThinkingBlock{"thinking", m.ReasoningContent, reasoningSignature(m.ReasoningContent)})
 	}
-	if text := anthContentString(m.Content); text != "" {
+	if text := contentText(m.Content); text != "" {
 		msg.Content = append(msg.Content, anthTextBlock{"text", text})
 	}
 	for _, tc := range m.ToolCalls {
@@ -1162,7 +1125,7 @@ func (st *anthropicStream) closeBlock() error {
 		return nil
 	}
 	if st.open == "thinking" {
-		sig := anthSignature(st.thinking.String())
+		sig := reasoningSignature(st.thinking.String())
 		st.thinking.Reset()
 		if err := st.s.event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, anthSignatureDelta{"signature_delta", sig}}); err != nil {
 			return err

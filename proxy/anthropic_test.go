@@ -142,7 +142,7 @@ var anthDecodeCases = []struct {
 		body: `{"model":"m","messages":[
 			{"role":"user","content":"q"},
 			{"role":"assistant","content":[
-				{"type":"thinking","thinking":"","signature":"` + anthSignature("Let me think.\n") + `"},
+				{"type":"thinking","thinking":"","signature":"` + reasoningSignature("Let me think.\n") + `"},
 				{"type":"text","text":"Answer."}]},
 			{"role":"user","content":"and?"}]}`,
 		want: ChatRequest{
@@ -158,10 +158,10 @@ var anthDecodeCases = []struct {
 		name: "thinking split by text is joined; foreign signatures keep the block text; redacted thinking",
 		body: `{"model":"m","messages":[
 			{"role":"assistant","content":[
-				{"type":"thinking","thinking":"first ","signature":"` + anthSignature("first ") + `"},
+				{"type":"thinking","thinking":"first ","signature":"` + reasoningSignature("first ") + `"},
 				{"type":"text","text":"a"},
 				{"type":"thinking","thinking":"second","signature":"EqQBCkgIARABGAIiQL..."},
-				{"type":"redacted_thinking","data":"` + anthSignature(" third") + `"},
+				{"type":"redacted_thinking","data":"` + reasoningSignature(" third") + `"},
 				{"type":"redacted_thinking","data":"EmwKAhgBEgy3va3pzix/LafPsn4a"},
 				{"type":"text","text":"b"}]}]}`,
 		want: ChatRequest{
@@ -365,7 +365,7 @@ func TestAnthropicWriteResponse(t *testing.T) {
 			res: Response{ID: "c2", Usage: Usage{PromptTokens: 5, CompletionTokens: 9},
 				Choices: []Choice{{Message: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "6*7"}, FinishReason: FinishLength}}},
 			want: `{"id":"msg_c2","type":"message","role":"assistant","model":"claude-opus-4",
-				"content":[{"type":"thinking","thinking":"6*7","signature":"` + anthSignature("6*7") + `"},{"type":"text","text":"42"}],
+				"content":[{"type":"thinking","thinking":"6*7","signature":"` + reasoningSignature("6*7") + `"},{"type":"text","text":"42"}],
 				"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":9}}`,
 		},
 		{
@@ -612,7 +612,7 @@ func TestAnthropicStream(t *testing.T) {
 
 	blocks := anthAssemble(t, events)
 	wantBlocks := `[
-		{"type":"thinking","thinking":"The user wants two files.","signature":"` + anthSignature("The user wants two files.") + `"},
+		{"type":"thinking","thinking":"The user wants two files.","signature":"` + reasoningSignature("The user wants two files.") + `"},
 		{"type":"text","text":"Reading both."},
 		{"type":"tool_use","id":"call_1","name":"Read","input":{"path":"a.go"}},
 		{"type":"tool_use","id":"call_2","name":"Read","input":{"path":"b<c>.go"}}]`
@@ -796,13 +796,13 @@ func TestAnthropicModelsAndCount(t *testing.T) {
 
 func TestAnthropicSignature(t *testing.T) {
 	for _, s := range []string{"", "plain", "multi\nline ✓ <tags> & \"quotes\""} {
-		got, ok := anthSignatureText(anthSignature(s))
+		got, ok := reasoningFromSignature(reasoningSignature(s))
 		if !ok || got != s {
 			t.Errorf("signature of %q reads back as %q, %v", s, got, ok)
 		}
 	}
 	for _, foreign := range []string{"EqQBCkgIARABGAIiQL", "floe1.!!!", ""} {
-		if _, ok := anthSignatureText(foreign); ok {
+		if _, ok := reasoningFromSignature(foreign); ok {
 			t.Errorf("foreign signature %q read as floe's", foreign)
 		}
 	}

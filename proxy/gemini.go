@@ -77,9 +77,6 @@ const (
 	gemMethodCount    = "countTokens"
 )
 
-// gemSignaturePrefix marks floe's own thoughtSignature payload.
-const gemSignaturePrefix = "floe1."
-
 // gemState is the Gemini dialect's Request.State.
 type gemState struct {
 	Method          string // generateContent, streamGenerateContent or countTokens
@@ -879,7 +876,7 @@ func gemEachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error)
 
 // gemSignature is floe's thoughtSignature for reasoning text.
 func gemSignature(reasoning string) string {
-	return base64.StdEncoding.EncodeToString([]byte(gemSignaturePrefix + reasoning))
+	return base64.StdEncoding.EncodeToString([]byte(floeSignaturePrefix + reasoning))
 }
 
 // gemReadSignature restores reasoning from a floe signature; ok is false for others.
@@ -892,8 +889,8 @@ func gemReadSignature(sig string) (string, bool) {
 	// URL-safe alphabet (the Python SDK does) or without padding.
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
 		b, err := enc.DecodeString(sig)
-		if err == nil && bytes.HasPrefix(b, []byte(gemSignaturePrefix)) {
-			return string(b[len(gemSignaturePrefix):]), true
+		if err == nil && bytes.HasPrefix(b, []byte(floeSignaturePrefix)) {
+			return string(b[len(floeSignaturePrefix):]), true
 		}
 	}
 	return "", false
@@ -940,21 +937,6 @@ func gemUsageOf(u Usage) *gemUsage {
 	return &gemUsage{PromptTokenCount: u.PromptTokens, CandidatesTokenCount: u.CompletionTokens, TotalTokenCount: total}
 }
 
-// gemContentText is an assistant message's content as text.
-func gemContentText(c any) string {
-	switch v := c.(type) {
-	case string:
-		return v
-	case []ChatPart:
-		var b strings.Builder
-		for _, p := range v {
-			b.WriteString(p.Text)
-		}
-		return b.String()
-	}
-	return ""
-}
-
 // gemAnswerParts renders one answer as parts: thoughts (when the caller wants them),
 // text, function calls; floe's signature on the first non-thought part.
 func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
@@ -963,7 +945,7 @@ func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
 		parts = append(parts, gemPart{Text: gemText(m.ReasoningContent), Thought: true})
 	}
 	host := -1
-	if text := gemContentText(m.Content); text != "" {
+	if text := contentText(m.Content); text != "" {
 		// A blank text part is no home for the signature: harnesses drop such parts
 		// (Pi skips whitespace-only text), and the reasoning would go with it.
 		if strings.TrimSpace(text) != "" {

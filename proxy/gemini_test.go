@@ -721,7 +721,7 @@ func TestGeminiModelsAndCount(t *testing.T) {
 func TestGeminiSignature(t *testing.T) {
 	for _, r := range []string{"", "a", "multi\nline ünïcode 🙂 ??>>", "\xff\xfe\xfd", strings.Repeat("x", 10000)} {
 		sig := gemSignature(r)
-		raw := []byte(gemSignaturePrefix + r)
+		raw := []byte(floeSignaturePrefix + r)
 		for _, s := range []string{sig, base64.URLEncoding.EncodeToString(raw), base64.RawURLEncoding.EncodeToString(raw), base64.RawStdEncoding.EncodeToString(raw)} {
 			got, ok := gemReadSignature(s)
 			if !ok || got != r {

@@ -3,14 +3,12 @@ package proxy
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 var _ Dialect = Responses{}
@@ -47,9 +45,6 @@ type Responses struct{}
 
 // Name is the API kind recorded with each call.
 func (Responses) Name() string { return "openai_responses" }
-
-// responsesReasoningPrefix marks floe's own encrypted_content: the reasoning text in base64.
-const responsesReasoningPrefix = "floe1."
 
 // responsesContextMessage is OpenAI's wording for an over-long input; Codex keys on the code
 // context_length_exceeded, people on the text.
@@ -482,10 +477,8 @@ func respReasoningText(it map[string]json.RawMessage, field string) (string, boo
 	if err != nil {
 		return "", false, err
 	}
-	if s, ok := strings.CutPrefix(enc, responsesReasoningPrefix); ok {
-		if b, err := base64.StdEncoding.DecodeString(s); err == nil && utf8.Valid(b) {
-			return string(b), true, nil
-		}
+	if s, ok := reasoningFromSignature(enc); ok {
+		return s, true, nil
 	}
 	join := func(key, sep string) (string, error) {
 		raw, ok := it[key]
@@ -956,22 +949,8 @@ func respItemStatus(finishReason string) string {
 }
 
 func respEncrypt(reasoning string) *string {
-	s := responsesReasoningPrefix + base64.StdEncoding.EncodeToString([]byte(reasoning))
+	s := reasoningSignature(reasoning)
 	return &s
-}
-
-func respContentString(c any) string {
-	switch v := c.(type) {
-	case string:
-		return v
-	case []ChatPart:
-		var sb strings.Builder
-		for _, p := range v {
-			sb.WriteString(p.Text)
-		}
-		return sb.String()
-	}
-	return ""
 }
 
 // WriteResponse writes a complete answer as a Response object.
@@ -992,7 +971,7 @@ func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 					EncryptedContent: respEncrypt(msg.ReasoningContent),
 				})
 			}
-			if text := respContentString(msg.Content); text != "" {
+			if text := contentText(msg.Content); text != "" {
 				o.Output = append(o.Output, &respMessageItem{
 					ID: respID("msg_"), Type: "message", Status: "completed", Role: "assistant",
 					Content: []respOutputText{{Type: "output_text", Text: text, Annotations: []any{}}},
