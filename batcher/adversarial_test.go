@@ -399,20 +399,6 @@ func deepGroup(turns int) trace.Group {
 	return grp("deep", sess("deep-a", 1, a...), sess("deep-b", 0, b...))
 }
 
-func longestPath(groups []trace.Group) int {
-	n := 0
-	for _, g := range groups {
-		for _, s := range g.Sessions {
-			for _, c := range s.Calls {
-				if c.Trainable {
-					n = max(n, len(c.PromptIDs)+len(c.ResponseIDs))
-				}
-			}
-		}
-	}
-	return n
-}
-
 // budgets are the budgets worth trying for a longest path of n rows under pad: exactly the
 // path, one pad multiple above, twice, and one that holds everything.
 func budgets(n, pad int) []int {
@@ -425,7 +411,7 @@ func TestAdversarialGroups(t *testing.T) {
 	k := 0
 	for name, g := range adversarialGroups() {
 		groups := []trace.Group{g}
-		longest := longestPath(groups)
+		longest := longestSequence(groups)
 		for _, pad := range []int{1, 8} {
 			for _, budget := range budgets(longest, pad) {
 				for _, dp := range []int{1, 2, 7} {
@@ -457,7 +443,7 @@ func TestAdversarialMultiGroupStep(t *testing.T) {
 		groups = append(groups, adversarialGroups()[name])
 	}
 	groups = append(groups, deepGroup(40))
-	longest := longestPath(groups)
+	longest := longestSequence(groups)
 	for _, s := range batcher.Strategies {
 		for _, dp := range []int{1, 3, 7} {
 			for _, budget := range []int{roundUp(longest, 8), roundUp(longest, 8) + 8, 1024} {
@@ -474,7 +460,7 @@ func TestAdversarialMultiGroupStep(t *testing.T) {
 // TestAdversarialDeepChain packs chains of hundreds of calls.
 func TestAdversarialDeepChain(t *testing.T) {
 	groups := []trace.Group{deepGroup(300)}
-	longest := longestPath(groups)
+	longest := longestSequence(groups)
 	for _, s := range batcher.Strategies {
 		for _, dp := range []int{1, 7} {
 			cfg := batcher.DefaultConfig()
@@ -533,7 +519,7 @@ func TestAdversarialTreeRows(t *testing.T) {
 // strategy, naming the session; exactly the path is accepted.
 func TestAdversarialBudgetBelowPath(t *testing.T) {
 	groups := []trace.Group{deepGroup(30)}
-	longest := longestPath(groups)
+	longest := longestSequence(groups)
 	for _, s := range batcher.Strategies {
 		cfg := batcher.DefaultConfig()
 		cfg.Strategy, cfg.PadMultiple, cfg.TokenBudget = s, 1, longest-1
@@ -675,7 +661,7 @@ func TestAdversarialRandomCollisions(t *testing.T) {
 		for gi := range 1 + rng.IntN(3) {
 			groups = append(groups, randomGroup(rng, fmt.Sprintf("g%d", gi)))
 		}
-		longest := longestPath(groups)
+		longest := longestSequence(groups)
 		if longest == 0 {
 			longest = 1
 		}

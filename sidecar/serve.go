@@ -199,23 +199,30 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	p.Go(mon.Run)
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
-	p.Go(func(ctx context.Context) error {
-		errc := make(chan error, 1)
-		go func() { errc <- hs.Serve(pl) }()
-		select {
-		case err := <-errc:
-			return err
-		case <-ctx.Done():
-			// Stop accepting; calls in flight get a bounded time to finish and be recorded.
-			shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			return hs.Shutdown(shut)
-		}
-	})
+	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
 	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// ServeHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
+// flight a bounded time to finish (and be recorded).
+func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(shut); err != nil {
+			return err
+		}
+		<-errc // http.ErrServerClosed
+		return nil
+	}
 }
 
 // sessionStore also accepts a session's id as its key (x-floe-session).

@@ -80,16 +80,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "upstream", *upstream)
 	hs := &http.Server{Handler: control.Handler(srv), ReadHeaderTimeout: 30 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		return hs.Shutdown(shut)
-	}
+	return sidecar.ServeHTTP(ctx, hs, lis)
 }
 
 type multiFlag []string
