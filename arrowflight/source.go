@@ -63,6 +63,9 @@ type Report struct {
 	// PID is the rank's process id, optional (0: not given); floe serve watches the
 	// GPU memory and utilization of the processes it names.
 	PID int32 `json:"pid,omitempty"`
+	// Loss is the step's training loss as the rank computed it, optional; floe only
+	// passes it on to observers (benchmark timelines).
+	Loss float64 `json:"loss,omitempty"`
 }
 
 // Control receives the trainer's control actions: weight-sync pause/resume and reports.

@@ -313,6 +313,17 @@ def _metrics_row(s: dict[str, Any]) -> list[tuple[str, str]]:
              f"{fmt_rows(m['floe_per_request_tokens_total'])} per_request")]
 
 
+def _store_row(s: dict[str, Any]) -> list[tuple[str, str]]:
+    u = s.get("store") or {}
+    if not u.get("calls"):
+        return []
+    per_call = u["disk_bytes"] / u["calls"]
+    full = 4 * u["prompt_ids"] / u["calls"]  # int32 prompts stored in full
+    return [("trace store on disk",
+             f"{u['disk_bytes'] / 1024:.0f} KiB for {u['calls']} calls: {per_call / 1024:.1f} KiB/call on disk, "
+             f"{u['call_bytes'] / u['calls'] / 1024:.2f} KiB/call encoded (full int32 prompts: {full / 1024:.1f} KiB/call)")]
+
+
 def print_summary(s: dict[str, Any], out: IO[str]) -> None:
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p("")
@@ -333,6 +344,7 @@ def print_summary(s: dict[str, Any], out: IO[str]) -> None:
         ("rows tree forwarded", f"{fmt_rows(s['tree_rows'])}  ({fmt_rows(s['tree_rows_padded'])} with padding to {PAD_MULTIPLE})"),
         ("reduction", f"{s['reduction']:.2f}x fewer rows with tree"),
         *_metrics_row(s),
+        *_store_row(s),
         ("data-wait share", f"{100 * s['data_wait_share']:.1f}% of trainer time "
                             f"({s['data_wait_s']:.1f}s waiting, {s['train_s']:.1f}s training)"),
         ("fill", f"{s['fill']:.3f}  (rows / (micro-batches x token budget {s['token_budget']}))"),
@@ -502,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(args, state, results, proxy, time.monotonic() - t_start, trainer_wall)
         summary["token_budget"] = args.token_budget
         summary["floe_metrics"] = floe_metrics(proxy)
+        summary["store"] = agent.get_json(f"{proxy}/floe/v1/status").get("store") or {}
         if "floe_step_imbalance" in summary["floe_metrics"]:
             summary["imbalance"] = summary["floe_metrics"]["floe_step_imbalance"]  # floe's, of the last step
         rc = 0 if trainer.proc.returncode == 0 and summary["steps_trained"] == n_steps else 1

@@ -67,11 +67,24 @@ type VLLM struct {
 	Model   string       // served model; empty: the first the server lists
 	Client  *http.Client // nil: a client without overall timeout (streams are long)
 
-	mu    sync.Mutex
-	model string
+	cache servedModel
 }
 
 var _ Engine = (*VLLM)(nil)
+
+// NewEngine returns the engine of kind ("vllm" or "sglang") for the inference server at
+// baseURL serving model (empty: the first model the server lists), so that callers can
+// choose the engine by a flag.
+func NewEngine(kind, baseURL, model string) (Engine, error) {
+	switch strings.ToLower(strings.TrimSpace(kind)) {
+	case "vllm":
+		return &VLLM{BaseURL: baseURL, Model: model}, nil
+	case "sglang":
+		return &SGLang{BaseURL: baseURL, Model: model}, nil
+	default:
+		return nil, fmt.Errorf("unknown inference engine %q: the supported engines are \"vllm\" and \"sglang\"", kind)
+	}
+}
 
 // upstreamClient keeps enough idle connections for hundreds of concurrent sessions; the
 // default transport keeps two per host, so a busy proxy would open a TCP connection per
@@ -91,23 +104,35 @@ func (v *VLLM) client() *http.Client {
 
 // served returns the model name to send upstream.
 func (v *VLLM) served(ctx context.Context) (string, error) {
-	if v.Model != "" {
-		return v.Model, nil
+	return v.cache.get(ctx, v.Model, v.Models)
+}
+
+// servedModel remembers the model an engine sends upstream when none was configured: the
+// first one the server lists, asked once.
+type servedModel struct {
+	mu   sync.Mutex
+	name string
+}
+
+// get returns fixed when set, else the first model list names (asked on first use).
+func (s *servedModel) get(ctx context.Context, fixed string, list func(context.Context) ([]string, error)) (string, error) {
+	if fixed != "" {
+		return fixed, nil
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.model != "" {
-		return v.model, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.name != "" {
+		return s.name, nil
 	}
-	models, err := v.Models(ctx)
+	models, err := list(ctx)
 	if err != nil {
 		return "", err
 	}
 	if len(models) == 0 {
 		return "", &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server lists no models"}
 	}
-	v.model = models[0]
-	return v.model, nil
+	s.name = models[0]
+	return s.name, nil
 }
 
 // vllmRequest is ChatRequest plus the token-id flags.
@@ -139,23 +164,30 @@ func (v *VLLM) body(ctx context.Context, req *ChatRequest, stream bool) ([]byte,
 // post sends body to path and returns the response, or an *Error for a refused connection
 // or an error status.
 func (v *VLLM) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(v.BaseURL, "/")+path, bytes.NewReader(body))
+	return postJSON(ctx, v.client(), v.BaseURL, path, body, upstreamError)
+}
+
+// postJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
+// a refused connection or an error status; mapErr reads an error answer, so that each
+// engine can recognise its server's own wording.
+func postJSON(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *Error) (*http.Response, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: err.Error()}
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	resp, err := v.client().Do(hr)
+	resp, err := c.Do(hr)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable,
-			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", v.BaseURL, err)}
+			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return nil, upstreamError(resp.StatusCode, msg)
+		return nil, mapErr(resp.StatusCode, msg)
 	}
 	return resp, nil
 }
@@ -168,8 +200,10 @@ var (
 	requestedRE     = regexp.MustCompile(`requested (\d+) tokens`)
 )
 
-// upstreamError turns an upstream error response into an *Error of the right kind.
-func upstreamError(status int, body []byte) *Error {
+// upstreamMessage is the message of an upstream error answer: the top-level "message" of
+// vLLM's (and older SGLang's) flat error object, the "error.message" of OpenAI's envelope,
+// or the whole body when it is neither.
+func upstreamMessage(body []byte) string {
 	msg := string(body)
 	var shaped struct {
 		Message string `json:"message"`
@@ -184,6 +218,12 @@ func upstreamError(status int, body []byte) *Error {
 			msg = shaped.Error.Message
 		}
 	}
+	return msg
+}
+
+// upstreamError turns an upstream error response into an *Error of the right kind.
+func upstreamError(status int, body []byte) *Error {
+	msg := upstreamMessage(body)
 	if m := contextLengthRE.FindStringSubmatch(msg); m != nil {
 		e := &Error{Status: http.StatusBadRequest, Kind: ErrContextLength, Message: msg}
 		e.MaxTokens, _ = strconv.Atoi(m[1])
@@ -544,19 +584,25 @@ func (v *VLLM) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
 }
 
 func (v *VLLM) Models(ctx context.Context) ([]string, error) {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(v.BaseURL, "/")+"/v1/models", nil)
+	return listModels(ctx, v.client(), v.BaseURL, upstreamError)
+}
+
+// listModels asks an OpenAI-compatible server's GET /v1/models (vLLM and SGLang answer
+// the same {"object":"list","data":[{"id":…}]}) for the ids of its models.
+func listModels(ctx context.Context, c *http.Client, baseURL string, mapErr func(status int, body []byte) *Error) ([]string, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/v1/models", nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building the /v1/models request for %s: %w", baseURL, err)
 	}
-	resp, err := v.client().Do(hr)
+	resp, err := c.Do(hr)
 	if err != nil {
 		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable,
-			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", v.BaseURL, err)}
+			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return nil, upstreamError(resp.StatusCode, msg)
+		return nil, mapErr(resp.StatusCode, msg)
 	}
 	var out struct {
 		Data []struct {

@@ -26,6 +26,8 @@ type Metrics struct {
 	proxyErrors *prometheus.CounterVec
 	upstream    *prometheus.HistogramVec
 	finished    *prometheus.CounterVec
+	timedOut    prometheus.Counter
+	stale       prometheus.Counter
 
 	stepsFormed    *prometheus.CounterVec
 	stepFormation  prometheus.Histogram
@@ -65,7 +67,9 @@ func NewMetrics(st State) *Metrics {
 	m.proxyErrors = f.counterVec("floe_proxy_errors_total", "Errors the proxy answered, by API kind and error kind.", "api", "kind")
 	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_upstream_latency_seconds",
 		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})
-	m.finished = f.counterVec("floe_sessions_finished_total", "Sessions finished through the control API, by status.", "status")
+	m.finished = f.counterVec("floe_sessions_finished_total", "Sessions finished, by status; timeout includes sessions ended by the group timeout.", "status")
+	m.timedOut = f.counter("floe_groups_timed_out_total", "Groups ended by the group timeout (their running sessions finished as timeout).")
+	m.stale = f.counter("floe_calls_stale_total", "Trainable calls not trained on because their policy version lagged the current one by more than max_staleness.")
 	m.stepsFormed = f.counterVec("floe_steps_formed_total", "Steps formed and made READY; recovered=true for uncommitted steps formed again after a restart.", "recovered")
 	m.stepFormation = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_step_formation_seconds",
 		Help: "Time to form a step: reconstruction, advantages, packing and encoding each rank's first micro-batch.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
@@ -122,6 +126,9 @@ func (m *Metrics) Failed(api string, kind proxy.ErrorKind) {
 func (m *Metrics) sessionFinished(status trace.Status) {
 	m.finished.WithLabelValues(string(status)).Inc()
 }
+
+func (m *Metrics) groupTimedOut()   { m.timedOut.Inc() }
+func (m *Metrics) staleCalls(n int) { m.stale.Add(float64(n)) }
 
 func (m *Metrics) stepFormed(st *batcher.Step, took time.Duration, recovered bool) {
 	m.stepsFormed.WithLabelValues(strconv.FormatBool(recovered)).Inc()
@@ -205,7 +212,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 					groups["dropped"]++
 				case g.Step >= 0:
 					groups["in_step"]++
-				case g.Sessions > 0 && g.Finished == g.Sessions && g.Sessions >= g.Size:
+				case g.Complete():
 					groups["complete"]++
 				default:
 					groups["open"]++

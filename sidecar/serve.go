@@ -27,6 +27,7 @@ type Config struct {
 	ProxyAddr    string
 	FlightAddr   string
 	Upstream     string
+	Engine       string // vllm or sglang
 	Model        string // served model; empty: the first the upstream lists
 	DataDir      string
 	Batcher      batcher.Config
@@ -37,7 +38,15 @@ type Config struct {
 	StepsAhead    int
 	// DropFailed drops failed and timed-out sessions from their group; otherwise they stay
 	// in it (their reward counts for the advantages) with no token trained.
-	DropFailed   bool
+	DropFailed bool
+	// GroupTimeout ends a group this long after its first session was created: its
+	// running sessions finish as timeout (reward 0) and the group is complete with the
+	// sessions it has (min_group_size still applies). 0: groups wait for ever.
+	GroupTimeout time.Duration
+	// MaxStaleness is how many policy versions a call may lag the current one (the
+	// version of the last resume) and still be trained on; older calls stay in their
+	// group as context with no loss, and are counted. Negative: no limit.
+	MaxStaleness int64
 	FlightToken  string
 	OpenSessions bool
 
@@ -53,14 +62,16 @@ type Config struct {
 	GPUMemoryBytes uint64
 	// GPU is the NVML library the monitor samples; nil: gpu.SystemNVML().
 	GPU gpu.Lib
+	// Observer, when set, is told of every step's formation, reports and commit.
+	Observer StepObserver
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
 func DefaultConfig() Config {
 	return Config{
-		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000",
+		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
-		GroupsPerStep: 1, StepsAhead: 2,
+		GroupsPerStep: 1, StepsAhead: 2, GroupTimeout: time.Hour, MaxStaleness: -1,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 	}
 }
@@ -105,8 +116,15 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		return fmt.Errorf("groups per step (%d), steps ahead (%d) and min group size (%d) must be at least 1",
 			cfg.GroupsPerStep, cfg.StepsAhead, cfg.MinGroupSize)
 	}
+	if cfg.GroupTimeout < 0 {
+		return fmt.Errorf("group timeout %v must not be negative", cfg.GroupTimeout)
+	}
 	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
 		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
+	}
+	engine, err := proxy.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
+	if err != nil {
+		return err
 	}
 	store, err := bolt.New(cfg.DataDir, bolt.Options{})
 	if err != nil {
@@ -147,6 +165,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	metrics := NewMetrics(State{Store: store, Ready: rb, Monitor: mon})
 	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
+	steps.observer = cfg.Observer
 
 	gate := &proxy.Gate{}
 	mem := memory.NewGoAllocator()
@@ -157,7 +176,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		default:
 		}
 	}
-	px := &proxy.Server{Dialects: proxy.DefaultDialects(), Engine: &proxy.VLLM{BaseURL: cfg.Upstream, Model: cfg.Model},
+	px := &proxy.Server{Dialects: proxy.DefaultDialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
@@ -170,11 +189,20 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), StatusFields: steps.status}
+		Metrics: metrics.Handler(), StatusFields: func() map[string]any {
+			out := steps.status()
+			if u, err := store.Usage(); err == nil {
+				out["store"] = u // what the durable store holds and costs on disk
+			} else {
+				log.Warn("measuring the store", "err", err)
+			}
+			return out
+		}}
 	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
 	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, StatusFields: steps.status}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
-	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, steps: steps, budgets: budgets}
+	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, steps: steps, budgets: budgets,
+		gate: gate, metrics: metrics}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err
@@ -250,6 +278,9 @@ type stepFormer struct {
 	// budgets records the budget of each new step formed with a budget other than the
 	// fixed one, so a restart forms it again with the same.
 	budgets *stepBudgets
+	// gate holds the current policy version, against which staleness is measured.
+	gate    *proxy.Gate
+	metrics *Metrics
 }
 
 func (f *stepFormer) run(ctx context.Context, pending []bolt.StepRecord) error {
@@ -260,13 +291,17 @@ func (f *stepFormer) run(ctx context.Context, pending []bolt.StepRecord) error {
 				return err
 			}
 		}
-		if err := f.put(ctx, rec.N, rec.Groups, false); err != nil {
+		if err := f.put(ctx, rec, false); err != nil {
 			return err
 		}
 	}
-	tick := time.NewTicker(time.Second) // a safety net; finishing a session wakes us at once
+	// The tick times groups out and is a safety net; finishing a session wakes us at once.
+	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
+		if err := f.timeOutGroups(); err != nil {
+			return err
+		}
 		if err := f.formReady(ctx); err != nil {
 			return err
 		}
@@ -289,17 +324,50 @@ func (f *stepFormer) formReady(ctx context.Context) error {
 		if len(ids) < f.cfg.GroupsPerStep {
 			return nil
 		}
-		n := f.ready.NextNumber()
-		if err := f.put(ctx, n, ids[:f.cfg.GroupsPerStep], true); err != nil {
+		rec := bolt.StepRecord{N: f.ready.NextNumber(), Groups: ids[:f.cfg.GroupsPerStep]}
+		if f.cfg.MaxStaleness >= 0 {
+			_, current, _ := f.gate.State()
+			rec.MinPolicyVersion = max(0, current-f.cfg.MaxStaleness)
+		}
+		if err := f.put(ctx, rec, true); err != nil {
 			return err
 		}
 	}
 }
 
-// put forms step n from groups and puts it into the buffer. A new step is saved first;
-// groups that cannot be trained on (too few usable sessions, nothing trainable, a path
-// longer than the budget) are dropped with the reason, and the step formed without them.
-func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool) error {
+// timeOutGroups ends the open groups older than the group timeout.
+func (f *stepFormer) timeOutGroups() error {
+	if f.cfg.GroupTimeout <= 0 {
+		return nil
+	}
+	gs, err := f.store.Groups()
+	if err != nil {
+		return fmt.Errorf("listing groups: %w", err)
+	}
+	for _, g := range gs {
+		if g.Dropped || g.TimedOut || g.Step >= 0 || g.Complete() || time.Since(g.Created) < f.cfg.GroupTimeout {
+			continue
+		}
+		ended, err := f.store.TimeOutGroup(g.ID)
+		if err != nil {
+			return err
+		}
+		for range ended {
+			f.metrics.sessionFinished(trace.StatusTimeout)
+		}
+		f.metrics.groupTimedOut()
+		f.log.Warn("group timed out", "group", g.ID, "age", time.Since(g.Created).Round(time.Second),
+			"sessions", g.Sessions, "finished_before", g.Finished, "size", g.Size, "sessions_timed_out", len(ended))
+	}
+	return nil
+}
+
+// put forms step rec.N from rec's groups and puts it into the buffer. A new step is saved
+// first; groups that cannot be trained on (too few usable sessions, nothing trainable, a
+// path longer than the budget) are dropped with the reason, and the step formed without
+// them.
+func (f *stepFormer) put(ctx context.Context, rec bolt.StepRecord, fresh bool) error {
+	n, ids := rec.N, rec.Groups
 	began := time.Now()
 	bc := f.cfg.Batcher
 	switch {
@@ -319,7 +387,11 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 		if err != nil {
 			return fmt.Errorf("step %d: group %s: %w", n, id, err)
 		}
-		g = f.usable(g)
+		g, stale := f.usable(g, rec.MinPolicyVersion)
+		if fresh && stale > 0 {
+			f.metrics.staleCalls(stale)
+			f.log.Info("stale calls not trained", "group", id, "calls", stale, "min_policy_version", rec.MinPolicyVersion)
+		}
 		if fresh && len(g.Sessions) < f.cfg.MinGroupSize {
 			f.drop(id, fmt.Sprintf("%d usable sessions, fewer than the minimum %d", len(g.Sessions), f.cfg.MinGroupSize))
 			continue
@@ -345,7 +417,7 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 				return fmt.Errorf("recording step %d's token budget: %w", n, err)
 			}
 		}
-		if err := f.store.SaveStep(n, keep); err != nil {
+		if err := f.store.SaveStepRecord(bolt.StepRecord{N: n, Groups: keep, MinPolicyVersion: rec.MinPolicyVersion}); err != nil {
 			return fmt.Errorf("saving step %d: %w", n, err)
 		}
 	}
@@ -367,10 +439,13 @@ func (f *stepFormer) put(ctx context.Context, n int64, ids []string, fresh bool)
 	return nil
 }
 
-// usable applies the failed-session policy.
-func (f *stepFormer) usable(g trace.Group) trace.Group {
+// usable applies the failed-session policy and the staleness cut-off: calls sampled by a
+// policy older than minVersion stay as context with no loss. It returns how many
+// trainable calls were stale.
+func (f *stepFormer) usable(g trace.Group, minVersion int64) (trace.Group, int) {
 	out := g
 	out.Sessions = nil
+	stale := 0
 	for _, s := range g.Sessions {
 		if s.Status == trace.StatusFailed || s.Status == trace.StatusTimeout {
 			if f.cfg.DropFailed {
@@ -382,9 +457,15 @@ func (f *stepFormer) usable(g trace.Group) trace.Group {
 				}
 			}
 		}
+		for i := range s.Calls {
+			if c := &s.Calls[i]; c.Trainable && c.PolicyVersion < minVersion {
+				c.MarkUntrainable(fmt.Sprintf("stale: policy version %d, older than %d", c.PolicyVersion, minVersion))
+				stale++
+			}
+		}
 		out.Sessions = append(out.Sessions, s)
 	}
-	return out
+	return out, stale
 }
 
 func (f *stepFormer) drop(id, reason string) {

@@ -395,3 +395,62 @@ func (d *fakeDevice) ComputeProcesses() ([]gpu.ProcessMemory, error) {
 	return []gpu.ProcessMemory{{PID: d.pid, MemoryUsed: d.used / 2}}, nil
 }
 func (d *fakeDevice) ProcessUtilization(uint64) ([]gpu.ProcessUtilization, error) { return nil, nil }
+
+// TestServeGroupTimeoutAndStaleness: a group whose second session never finishes is
+// ended by the group timeout and still trained (the timed-out session as context only);
+// with max_staleness 1, calls sampled two policy versions back are counted and not
+// trained, and the step is formed from the fresh ones.
+func TestServeGroupTimeoutAndStaleness(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.GroupTimeout = 300 * time.Millisecond
+	cfg.MaxStaleness = 1
+	r := startServe(t, cfg)
+	call := func(key, text string) {
+		r.post("/v1/chat/completions", key, fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":%q}]}`, text), 200)
+	}
+	session := func(group string) (id, key string) {
+		s := r.post("/floe/v1/sessions", "", fmt.Sprintf(`{"task_id": "t-%s", "group_id": %q}`, group, group), 200)
+		return s["session_id"].(string), s["api_key"].(string)
+	}
+
+	done, doneKey := session("slow")
+	hung, hungKey := session("slow")
+	call(doneKey, "a")
+	call(hungKey, "b")
+	r.post("/floe/v1/sessions/"+done+"/finish", "", `{"reward": 1, "status": "completed"}`, 200)
+	r.fetch(0) // formed only once the timeout ends the group
+	req, _ := http.NewRequest(http.MethodGet, r.proxy+"/floe/v1/sessions/"+hung, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	json.NewDecoder(resp.Body).Decode(&got) //nolint:errcheck
+	resp.Body.Close()
+	if got["status"] != "timeout" || got["reward"] != 0.0 {
+		t.Fatalf("the hung session after the group timeout: %v", got)
+	}
+	m := r.metrics()
+	if v := metric(m, "floe_groups_timed_out_total"); v != 1 {
+		t.Fatalf("floe_groups_timed_out_total = %v", v)
+	}
+	if v := metric(m, `floe_sessions_finished_total{status="timeout"}`); v != 1 {
+		t.Fatalf(`floe_sessions_finished_total{status="timeout"} = %v`, v)
+	}
+
+	// Staleness: session old samples two calls at policy version 0, then the trainer
+	// moves to version 2; session fresh samples at version 2.
+	old, oldKey := session("mixed")
+	call(oldKey, "c")
+	call(oldKey, "d")
+	r.action("pause", `{}`)
+	r.action("resume", `{"policy_version": 2}`)
+	fresh, freshKey := session("mixed")
+	call(freshKey, "e")
+	r.post("/floe/v1/sessions/"+old+"/finish", "", `{"reward": 0, "status": "completed"}`, 200)
+	r.post("/floe/v1/sessions/"+fresh+"/finish", "", `{"reward": 1, "status": "completed"}`, 200)
+	r.fetch(1)
+	if v := metric(r.metrics(), "floe_calls_stale_total"); v != 2 {
+		t.Fatalf("floe_calls_stale_total = %v, want the old session's 2 calls", v)
+	}
+}

@@ -28,11 +28,23 @@ type stepTracker struct {
 	fixed   int // the budget without a controller
 	now     func() time.Time
 
+	// observer, when set, is told of each step's formation, reports and commit.
+	observer StepObserver
+
 	mu       sync.Mutex
 	steps    map[int64]*stepState
 	pids     map[int]int32 // trainer PIDs by rank
 	last     *stepOutcome
 	decision *gpu.BudgetDecision
+}
+
+// StepObserver is told of each step's life: formed (READY), each rank's report, the
+// commit. For benchmark timelines and tests; its methods are called on floe's own
+// goroutines and must return quickly.
+type StepObserver interface {
+	StepFormed(st *batcher.Step, took time.Duration)
+	TrainerReport(r arrowflight.Report)
+	StepCommitted(n int64)
 }
 
 type stepState struct {
@@ -104,6 +116,9 @@ func (t *stepTracker) formed(st *batcher.Step, budget int, took time.Duration, r
 	if t.metrics != nil {
 		t.metrics.stepFormed(st, took, recovered)
 	}
+	if t.observer != nil {
+		t.observer.StepFormed(st, took)
+	}
 }
 
 // Served implements arrowflight.Observer: the step's GPU window opens with its first
@@ -123,6 +138,9 @@ func (t *stepTracker) Served(step int64, _, rows, bytes int) {
 func (t *stepTracker) committed(n int64) {
 	if t.metrics != nil {
 		t.metrics.stepsCommitted.Inc()
+	}
+	if t.observer != nil {
+		t.observer.StepCommitted(n)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -144,6 +162,9 @@ func (t *stepTracker) committed(n int64) {
 func (t *stepTracker) report(r arrowflight.Report) {
 	if t.metrics != nil {
 		t.metrics.report(r.Rank, r.WaitSeconds, r.StepSeconds, r.PeakMemoryBytes)
+	}
+	if t.observer != nil {
+		t.observer.TrainerReport(r)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -18,6 +18,10 @@ commands:
             Flight service
   bench     reconstruct, pack and encode a synthetic agent-trace corpus with every
             strategy and print the comparison table
+  bench e2e replay agent sessions through floe against the reference inference server
+            and train on them once per strategy, recording a GPU/trainer timeline
+  bench report
+            write REPORT.md and plots from the runs floe bench e2e recorded
   bench-proxy
             measure the proxy's added latency and concurrent throughput against a
             zero-latency fake inference server
@@ -47,7 +51,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "serve":
 		err = runServe(ctx, args[1:], stdout, stderr)
 	case "bench":
-		err = runBench(ctx, args[1:], stdout, stderr)
+		switch {
+		case len(args) > 1 && args[1] == "e2e":
+			err = runBenchE2E(ctx, args[2:], stdout, stderr)
+		case len(args) > 1 && args[1] == "report":
+			err = runBenchReport(ctx, args[2:], stdout, stderr)
+		default:
+			err = runBench(ctx, args[1:], stdout, stderr)
+		}
 	case "bench-proxy":
 		err = runBenchProxy(ctx, args[1:], stdout, stderr)
 	case "corpus-serve":

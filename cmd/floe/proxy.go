@@ -32,7 +32,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	addr := fs.String("proxy-addr", "127.0.0.1:8700", "listen address; port 0 picks one")
 	upstream := fs.String("upstream", "http://127.0.0.1:8000", "inference server base URL")
-	engine := fs.String("engine", "vllm", "inference engine: vllm")
+	engine := fs.String("engine", "vllm", "inference engine: vllm or sglang")
 	model := fs.String("model", "", "served model name sent upstream (default: the first the upstream lists)")
 	open := fs.Bool("open-sessions", false, "let a call with an unknown key create its session")
 	record := fs.String("record", "", "append every recorded call to this file as a JSON line (fsynced before the answer ends)")
@@ -45,8 +45,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return err
 	}
-	if *engine != "vllm" {
-		return fmt.Errorf("engine %q is not supported yet (vllm is)", *engine)
+	eng, err := proxy.NewEngine(*engine, *upstream, *model)
+	if err != nil {
+		return fmt.Errorf("-engine: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	store := &proxy.MemStore{}
@@ -68,7 +69,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	gate := &proxy.Gate{}
 	srv := &proxy.Server{
-		Dialects: proxy.DefaultDialects(), Engine: &proxy.VLLM{BaseURL: *upstream, Model: *model},
+		Dialects: proxy.DefaultDialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: *open, MaxBodyBytes: *maxBody, Log: log,
 	}
 	lis, err := net.Listen("tcp", *addr)

@@ -43,7 +43,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.ProxyAddr, "proxy-addr", def.ProxyAddr, "proxy and control API address; port 0 picks one")
 	fs.StringVar(&cfg.FlightAddr, "flight-addr", def.FlightAddr, "Flight address; port 0 picks one; unix:/path for a Unix socket")
 	fs.StringVar(&cfg.Upstream, "upstream", def.Upstream, "inference server base URL")
-	engine := fs.String("engine", "vllm", "inference engine: vllm")
+	fs.StringVar(&cfg.Engine, "engine", def.Engine, "inference engine: vllm or sglang")
 	fs.StringVar(&cfg.Model, "model", "", "served model name sent upstream (default: the first the upstream lists)")
 	fs.StringVar(&cfg.DataDir, "data-dir", def.DataDir, "where the durable trace store lives")
 	strategy := fs.String("strategy", string(def.Batcher.Strategy), "per_request, prefix_merging or tree")
@@ -65,6 +65,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.FlightToken, "flight-token", "", "require this bearer token on every Flight call")
 	fs.BoolVar(&cfg.OpenSessions, "open-sessions", false, "let a call with an unknown key create its session")
 	fs.BoolVar(&cfg.DropFailed, "drop-failed", false, "drop failed and timed-out sessions from their group (default: keep them, training none of their tokens)")
+	fs.DurationVar(&cfg.GroupTimeout, "group-timeout", def.GroupTimeout,
+		"end a group this long after its first session started: running sessions finish as timeout with reward 0 (0: never)")
+	fs.Int64Var(&cfg.MaxStaleness, "max-staleness", def.MaxStaleness,
+		"train on a call only if its policy version lags the current one (the last resume) by at most this many versions; older calls are counted and kept as context (-1: no limit)")
+	pyro := fs.String("pyroscope", "", "profile continuously to this Pyroscope server URL (default: $"+pyroscopeEnv+"; empty: off)")
 	config := fs.String("config", "", "YAML file of settings, keyed by flag name in snake_case; flags win over it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -80,9 +85,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
-	if *engine != "vllm" {
-		return fmt.Errorf("engine %q is not supported yet (vllm is)", *engine)
-	}
 	var err error
 	if cfg.Batcher.Strategy, err = batcher.ParseStrategy(*strategy); err != nil {
 		return err
@@ -96,6 +98,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("-token-budget %q: a number of rows or auto", *budget)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if *pyro == "" {
+		*pyro = os.Getenv(pyroscopeEnv)
+	}
+	stopProfiling, err := startProfiling(*pyro, log)
+	if err != nil {
+		return err
+	}
+	defer stopProfiling()
 	return sidecar.Serve(ctx, cfg, log, sidecar.AnnounceJSON(stdout))
 }
 

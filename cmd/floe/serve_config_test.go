@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow/flight"
@@ -97,5 +99,54 @@ func TestServeHelpDocumentsEveryOption(t *testing.T) {
 	}
 	if !strings.Contains(help, "snake_case") || !strings.Contains(help, "/metrics") {
 		t.Errorf("help does not explain the config file or /metrics:\n%s", help)
+	}
+}
+
+// TestServeWithUnreachablePyroscope: profiling to a server that accepts connections and
+// never answers neither holds up start-up nor shutdown; SIGTERM still exits 0.
+func TestServeWithUnreachablePyroscope(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close()
+	held := make(chan net.Conn, 64)
+	defer func() {
+		hole.Close()
+		for len(held) > 0 {
+			(<-held).Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case held <- c: // read nothing, answer nothing
+			default:
+				c.Close()
+			}
+		}
+	}()
+	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+		"-upstream", up.URL, "-open-sessions", "-pyroscope", "http://"+hole.Addr().String())
+	f.post(t, "/v1/chat/completions", "sk-any", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+	if err := f.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Wait(); err != nil {
+		t.Fatalf("floe serve after SIGTERM with pyroscope unreachable: %v", err)
+	}
+}
+
+func TestServeRefusesABadPyroscopeURL(t *testing.T) {
+	var stderr bytes.Buffer
+	err := runServe(context.Background(), []string{"-data-dir", t.TempDir(), "-pyroscope", "pyroscope:4040"}, io.Discard, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "want an http(s) URL") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -300,3 +300,25 @@ func decodeCall(v []byte, session string, seq int, fulls [][]int32, prevBlobs *[
 	}
 	return c, full, nil
 }
+
+// encodedPromptLen reads a stored call's prompt length without decoding its tokens.
+func encodedPromptLen(v []byte) (int, error) {
+	d := decoder{b: v}
+	d.varint("index")
+	d.varint("choice")
+	d.varint("policy version")
+	d.byte1("flags")
+	d.bytes("finish reason")
+	d.bytes("untrainable reason")
+	d.bytes("api")
+	d.time("started")
+	d.time("finished")
+	d.varint("upstream latency")
+	d.uvarint("prompt ref")
+	shared := d.uvarint("shared prefix")
+	tail := d.uvarint("prompt tail length")
+	if d.err != nil {
+		return 0, d.err
+	}
+	return int(shared + tail), nil
+}

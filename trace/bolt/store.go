@@ -227,11 +227,15 @@ type sessionInfo struct {
 
 // groupInfo is a group's record, JSON under "info" in its bucket.
 type groupInfo struct {
-	Task       string `json:"task"`
-	Size       int    `json:"size,omitempty"`
-	Step       int64  `json:"step"` // -1 until SaveStep puts the group into a step
-	Dropped    bool   `json:"dropped,omitempty"`
-	DropReason string `json:"drop_reason,omitempty"`
+	Task       string    `json:"task"`
+	Size       int       `json:"size,omitempty"`
+	Step       int64     `json:"step"` // -1 until SaveStep puts the group into a step
+	Dropped    bool      `json:"dropped,omitempty"`
+	DropReason string    `json:"drop_reason,omitempty"`
+	Created    time.Time `json:"created,omitzero"` // zero in stores written before it was kept
+	// TimedOut: the group outlived the group timeout; it is complete with the sessions it
+	// has, whatever its size.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 func seqKey(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
@@ -305,7 +309,7 @@ func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
 			if _, err := g.CreateBucket(kMembers); err != nil {
 				return err
 			}
-			if err := putJSON(g, kInfo, groupInfo{Task: sess.TaskID, Step: -1}); err != nil {
+			if err := putJSON(g, kInfo, groupInfo{Task: sess.TaskID, Step: -1, Created: time.Now().UTC()}); err != nil {
 				return err
 			}
 		}
@@ -316,8 +320,9 @@ func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
 		if gi.Task != sess.TaskID {
 			return fmt.Errorf("create session %q: group %q is for task %q, not %q", sess.ID, sess.GroupID, gi.Task, sess.TaskID)
 		}
-		if gi.Step >= 0 || gi.Dropped {
-			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v)", sess.ID, sess.GroupID, gi.Step, gi.Dropped)
+		if gi.Step >= 0 || gi.Dropped || gi.TimedOut {
+			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v, timed out %v)",
+				sess.ID, sess.GroupID, gi.Step, gi.Dropped, gi.TimedOut)
 		}
 		m := g.Bucket(kMembers)
 		n, _ := m.NextSequence()
@@ -454,6 +459,53 @@ func (s *Store) DropGroup(id, reason string) error {
 	})
 }
 
+// TimeOutGroup ends group id at the group timeout: each of its running sessions finishes
+// with status timeout and reward 0, and the group is complete with the sessions it has.
+// It returns the sessions it finished. Calls recorded later in those sessions are refused.
+// Safe to repeat after a crash part way: finished sessions are left as they are.
+func (s *Store) TimeOutGroup(id string) ([]string, error) {
+	var members []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+			_, info, err := sessionBucket(tx, string(sid))
+			if err == nil && info.Status == trace.StatusRunning {
+				members = append(members, string(sid))
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("time out group %q: %w", id, err)
+	}
+	var ended []string
+	for _, sid := range members {
+		// One session at a time, through FinishSession, so that a call being recorded in
+		// it either lands before the timeout or is refused after it.
+		switch err := s.FinishSession(sid, 0, trace.StatusTimeout); {
+		case err == nil:
+			ended = append(ended, sid)
+		case errors.Is(err, ErrSessionFinished): // finished by its driver meanwhile
+		default:
+			return ended, fmt.Errorf("time out group %q: %w", id, err)
+		}
+	}
+	return ended, s.write(func(tx *bolt.Tx) error {
+		b, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return fmt.Errorf("time out group %q: %w", id, err)
+		}
+		if gi.Step >= 0 || gi.Dropped {
+			return nil
+		}
+		gi.TimedOut = true
+		return putJSON(b, kInfo, gi)
+	})
+}
+
 // Session returns session id with all its calls, prompts reconstructed in full.
 func (s *Store) Session(id string) (trace.Session, error) {
 	var out trace.Session
@@ -533,6 +585,16 @@ type GroupState struct {
 	Step       int64
 	Dropped    bool
 	DropReason string
+	// Created is when the group's first session was created; TimedOut whether the group
+	// was ended by the group timeout.
+	Created  time.Time
+	TimedOut bool
+}
+
+// Complete reports whether the group is ready to be formed into a step: every session
+// finished, at least Size sessions (unless it timed out), not dropped, in no step yet.
+func (g GroupState) Complete() bool {
+	return g.Sessions > 0 && g.Finished == g.Sessions && (g.TimedOut || g.Sessions >= g.Size) && !g.Dropped && g.Step < 0
 }
 
 // Groups lists every group's state, by id.
@@ -544,11 +606,15 @@ func (s *Store) Groups() ([]GroupState, error) {
 			if err != nil {
 				return err
 			}
-			st := GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped, DropReason: gi.DropReason}
+			st := GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped,
+				DropReason: gi.DropReason, Created: gi.Created, TimedOut: gi.TimedOut}
 			err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
 				_, info, err := sessionBucket(tx, string(sid))
 				if err != nil {
 					return err
+				}
+				if gi.Created.IsZero() && (st.Created.IsZero() || info.Created.Before(st.Created)) {
+					st.Created = info.Created
 				}
 				st.Sessions++
 				if info.Status != trace.StatusRunning {
@@ -563,8 +629,7 @@ func (s *Store) Groups() ([]GroupState, error) {
 	return out, err
 }
 
-// FinishedGroups lists the groups ready to be formed into a step: every session
-// finished, at least Size sessions when a size was set, not dropped, in no step yet.
+// FinishedGroups lists the groups ready to be formed into a step (GroupState.Complete).
 func (s *Store) FinishedGroups() ([]string, error) {
 	gs, err := s.Groups()
 	if err != nil {
@@ -572,7 +637,7 @@ func (s *Store) FinishedGroups() ([]string, error) {
 	}
 	var out []string
 	for _, g := range gs {
-		if g.Sessions > 0 && g.Finished == g.Sessions && g.Sessions >= g.Size && !g.Dropped && g.Step < 0 {
+		if g.Complete() {
 			out = append(out, g.ID)
 		}
 	}
@@ -594,19 +659,64 @@ func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 	return out, err
 }
 
+// Usage is what the store holds and what it costs on disk.
+type Usage struct {
+	Calls     int   `json:"calls"`      // calls recorded
+	PromptIDs int64 `json:"prompt_ids"` // Σ prompt lengths of those calls, in tokens
+	CallBytes int64 `json:"call_bytes"` // encoded call records (prompts by reference), before bbolt's pages
+	FileBytes int64 `json:"file_bytes"` // the database file's size
+	DiskBytes int64 `json:"disk_bytes"` // blocks the file occupies (bbolt grows it ahead, sparse or not)
+	Sessions  int   `json:"sessions"`
+}
+
+// Usage measures the store. It reads every call record's header (not the prompts), so it
+// costs a scan of the calls: for status pages and reports, not a hot path.
+func (s *Store) Usage() (Usage, error) {
+	var u Usage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
+			u.Sessions++
+			calls := tx.Bucket(bSessions).Bucket(id).Bucket(kCalls)
+			return calls.ForEach(func(_, v []byte) error {
+				u.Calls++
+				u.CallBytes += int64(len(v))
+				n, err := encodedPromptLen(v)
+				if err != nil {
+					return fmt.Errorf("%w: session %q: %v", ErrCorrupt, id, err)
+				}
+				u.PromptIDs += int64(n)
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return u, err
+	}
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return u, fmt.Errorf("store usage: %w", err)
+	}
+	u.FileBytes, u.DiskBytes = fi.Size(), diskBytes(fi)
+	return u, nil
+}
+
 // StepRecord is a saved step: its number and the groups it was formed from, in order.
 type StepRecord struct {
-	N         int64
-	Groups    []string
-	Committed bool
-	Saved     time.Time
+	N      int64
+	Groups []string
+	// MinPolicyVersion is the staleness cut-off the step was formed with: calls sampled by
+	// an older policy were not trained on. 0: none.
+	MinPolicyVersion int64
+	Committed        bool
+	Saved            time.Time
 }
 
 type stepValue struct {
-	Groups    []string  `json:"groups"`
-	Committed bool      `json:"committed"`
-	Saved     time.Time `json:"saved"`
-	CommitAt  time.Time `json:"committed_at,omitzero"`
+	Groups           []string  `json:"groups"`
+	MinPolicyVersion int64     `json:"min_policy_version,omitempty"`
+	Committed        bool      `json:"committed"`
+	Saved            time.Time `json:"saved"`
+	CommitAt         time.Time `json:"committed_at,omitzero"`
 }
 
 // SaveStep records that step n is formed from groups (in that order). It is durable when
@@ -614,6 +724,13 @@ type stepValue struct {
 // groups an error, and a committed step fails with ErrCommitted. A group can be in one
 // step only.
 func (s *Store) SaveStep(n int64, groupIDs []string) error {
+	return s.SaveStepRecord(StepRecord{N: n, Groups: groupIDs})
+}
+
+// SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off), which
+// Steps returns so that a restart forms the step again the same way.
+func (s *Store) SaveStepRecord(rec StepRecord) error {
+	n, groupIDs := rec.N, rec.Groups
 	if n < 0 {
 		return fmt.Errorf("save step %d: negative step", n)
 	}
@@ -630,8 +747,9 @@ func (s *Store) SaveStep(n int64, groupIDs []string) error {
 			if sv.Committed {
 				return fmt.Errorf("save step %d: %w", n, ErrCommitted)
 			}
-			if !equalStrings(sv.Groups, groupIDs) {
-				return fmt.Errorf("save step %d: already saved with groups %q, not %q", n, sv.Groups, groupIDs)
+			if !equalStrings(sv.Groups, groupIDs) || sv.MinPolicyVersion != rec.MinPolicyVersion {
+				return fmt.Errorf("save step %d: already saved with groups %q (policy versions from %d), not %q (from %d)",
+					n, sv.Groups, sv.MinPolicyVersion, groupIDs, rec.MinPolicyVersion)
 			}
 			return nil
 		}
@@ -648,7 +766,7 @@ func (s *Store) SaveStep(n int64, groupIDs []string) error {
 				return err
 			}
 		}
-		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, Saved: time.Now().UTC()})
+		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, MinPolicyVersion: rec.MinPolicyVersion, Saved: time.Now().UTC()})
 	})
 }
 
@@ -694,7 +812,7 @@ func (s *Store) Steps() (uncommitted []StepRecord, lastCommitted int64, err erro
 				lastCommitted = max(lastCommitted, n)
 				return nil
 			}
-			uncommitted = append(uncommitted, StepRecord{N: n, Groups: sv.Groups, Saved: sv.Saved})
+			uncommitted = append(uncommitted, StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, Saved: sv.Saved})
 			return nil
 		})
 	})

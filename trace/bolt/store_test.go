@@ -418,7 +418,11 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 	gs, err := s.Groups()
 	must(err)
-	if len(gs) != 1 || gs[0] != (GroupState{ID: "g", TaskID: "t", Size: 3, Sessions: 2, Finished: 1, Step: -1}) {
+	if len(gs) != 1 || gs[0].Created.IsZero() {
+		t.Fatalf("Groups = %+v", gs)
+	}
+	gs[0].Created = time.Time{}
+	if gs[0] != (GroupState{ID: "g", TaskID: "t", Size: 3, Sessions: 2, Finished: 1, Step: -1}) {
 		t.Fatalf("Groups = %+v", gs)
 	}
 	must(s.FinishSession("b", 0, trace.StatusTimeout))
@@ -511,6 +515,70 @@ func TestSteps(t *testing.T) {
 	}
 }
 
+// TestGroupTimeout ends a group that is short of sessions and has one still running.
+func TestGroupTimeout(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	ctx := context.Background()
+	for _, id := range []string{"a", "b", "c"} {
+		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetGroupSize("g", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishSession("a", 1, trace.StatusCompleted); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Record(ctx, &trace.Call{SessionID: "b", PromptIDs: []int32{1}, ResponseIDs: []int32{2}, Logprobs: []float32{-1}}); err != nil {
+		t.Fatal(err)
+	}
+	ended, err := s.TimeOutGroup("g")
+	if err != nil || !slices.Equal(ended, []string{"b", "c"}) {
+		t.Fatalf("TimeOutGroup = %v %v", ended, err)
+	}
+	s = reopen(t, s, dir)
+	if fin, _ := s.FinishedGroups(); !slices.Equal(fin, []string{"g"}) {
+		t.Fatalf("a timed-out group with 3 of 4 sessions is complete: FinishedGroups = %v", fin)
+	}
+	g, err := s.Group("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sess := range g.Sessions {
+		got = append(got, fmt.Sprintf("%s:%s:%g:%d", sess.ID, sess.Status, sess.Reward, len(sess.Calls)))
+	}
+	if want := []string{"a:completed:1:0", "b:timeout:0:1", "c:timeout:0:0"}; !slices.Equal(got, want) {
+		t.Fatalf("sessions %v, want %v", got, want)
+	}
+	if err := s.Record(ctx, &trace.Call{SessionID: "b", PromptIDs: []int32{1}}); !errors.Is(err, ErrSessionFinished) {
+		t.Fatalf("a call after the timeout: %v", err)
+	}
+	if err := s.CreateSession(trace.Session{ID: "d", TaskID: "t", GroupID: "g"}, ""); err == nil {
+		t.Fatal("a session joined a timed-out group")
+	}
+	if ended, err := s.TimeOutGroup("g"); err != nil || len(ended) != 0 {
+		t.Fatalf("repeated TimeOutGroup = %v %v", ended, err)
+	}
+	if _, err := s.TimeOutGroup("nope"); !errors.Is(err, ErrUnknownGroup) {
+		t.Fatalf("unknown group: %v", err)
+	}
+	// The step keeps its staleness cut-off across a restart.
+	if err := s.SaveStepRecord(StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveStepRecord(StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 2}); err == nil {
+		t.Fatal("step saved again with another cut-off")
+	}
+	s = reopen(t, s, dir)
+	if un, _, err := s.Steps(); err != nil || len(un) != 1 || un[0].MinPolicyVersion != 3 {
+		t.Fatalf("Steps = %+v %v", un, err)
+	}
+}
+
 // callBytes sums the stored call values of a session: the encoded size on disk before
 // bbolt's page overhead.
 func callBytes(t *testing.T, s *Store, session string) []int {
@@ -559,6 +627,13 @@ func TestPrefixByReference(t *testing.T) {
 	fi, err := os.Stat(s.Path())
 	if err != nil {
 		t.Fatal(err)
+	}
+	u, err := s.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Calls != 40 || u.Sessions != 1 || u.PromptIDs != int64(sumPrompt) || u.CallBytes != int64(total) || u.FileBytes != fi.Size() || u.DiskBytes <= 0 {
+		t.Fatalf("Usage = %+v, want 40 calls, %d prompt ids, %d call bytes, file %d B", u, sumPrompt, total, fi.Size())
 	}
 	rawPrompt := 4 * sumPrompt // int32 prompts stored in full
 	t.Logf("Σ prompt tokens %d (%d B as int32), distinct tokens %d; encoded calls %d B (%.2f B/distinct token, %.1f%% of full prompts); file %d B",

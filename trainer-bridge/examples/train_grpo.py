@@ -37,7 +37,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (floe -fold-vocab)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--attn", choices=["sdpa", "flex"], default="sdpa", help="attention implementation")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="a model shape (sets --vocab --hidden --intermediate --layers --heads --kv-heads); qwen2.5-0.5b is "
+        "Qwen2.5-0.5B's architecture, randomly initialised",
+    )
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=None, help="MLP width (default: 2 x --hidden)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -50,7 +59,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=128, help="FlexAttention block size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.preset:
+        for k, v in PRESETS[args.preset].items():
+            setattr(args, k, v)
+    return args
+
+
+# Model shapes for --preset: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads, 2 KV
+# heads, MLP 4864, vocabulary 151936), and the tests' tiny one.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"hidden": 64, "intermediate": 128, "layers": 2, "heads": 4, "kv_heads": 2},
+    "qwen2.5-0.5b": {
+        "vocab": 151_936, "hidden": 896, "intermediate": 4864, "layers": 24, "heads": 14, "kv_heads": 2,
+    },
+}
 
 
 def build_model(args: argparse.Namespace, device: Any) -> Any:
@@ -62,7 +85,7 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     cfg_kwargs: dict[str, Any] = dict(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
-        intermediate_size=2 * args.hidden,
+        intermediate_size=args.intermediate or 2 * args.hidden,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
@@ -74,7 +97,7 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     cfg = transformers.Qwen2Config(**cfg_kwargs)
     impl = {"sdpa": "sdpa", "flex": "flex_attention"}[args.attn]
     model = transformers.Qwen2ForCausalLM._from_config(  # type: ignore[no-untyped-call]
-        cfg, attn_implementation=impl, dtype=torch.float32
+        cfg, attn_implementation=impl, dtype=getattr(torch, args.dtype)
     )
     return model.to(device).train()
 
@@ -133,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             step_s = time.monotonic() - t0
             peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
             floe.report(
-                step.step, rank=0, peak_memory_bytes=peak, step_seconds=step_s, wait_seconds=step.wait_seconds
+                step.step,
+                rank=0,
+                peak_memory_bytes=peak,
+                step_seconds=step_s,
+                wait_seconds=step.wait_seconds,
+                loss=float(total_loss),
             )
             mismatch = float(abs_diff) / max(loss_tokens, 1)
             print(

@@ -618,10 +618,12 @@ class FloeClient:
         wait_seconds: float = 0.0,
         timeout: float | None = None,
         pid: int | None = None,
+        loss: float | None = None,
     ) -> dict[str, Any]:
         """Report one rank's measurements for a step. ``pid`` (default: this process's)
-        lets floe attribute GPU utilization and memory to the trainer's processes."""
-        body = {
+        lets floe attribute GPU utilization and memory to the trainer's processes; ``loss``
+        (optional) goes into floe's benchmark timelines."""
+        body: dict[str, Any] = {
             "step": int(step),
             "rank": self.rank if rank is None else int(rank),
             "peak_memory_bytes": int(peak_memory_bytes),
@@ -629,6 +631,8 @@ class FloeClient:
             "wait_seconds": float(wait_seconds),
             "pid": os.getpid() if pid is None else int(pid),
         }
+        if loss is not None:
+            body["loss"] = float(loss)
         return self._action("report", body, timeout)
 
     def pause(self, timeout: float | None = None) -> dict[str, Any]:

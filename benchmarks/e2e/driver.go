@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/sourcegraph/conc/pool"
+)
+
+// Driver replays sessions through a running floe's proxy against the reference inference
+// server in script mode: for each session it creates the session through the control
+// API, queues the session's outputs on the server (matched on the session's tag), sends
+// its calls in order with the session's key and finishes it with its reward and status.
+type Driver struct {
+	Proxy     string // floe's proxy and control API base URL, http://host:port
+	RefServer string // the reference server's base URL (without /v1)
+	Model     string // model name sent in requests
+	// Concurrency bounds the sessions in flight (default 8).
+	Concurrency int
+	Client      *http.Client // nil: http.DefaultClient
+	// Progress, when set, is called after each call with the calls done so far.
+	Progress func(calls int)
+}
+
+func (d *Driver) client() *http.Client {
+	if d.Client != nil {
+		return d.Client
+	}
+	return http.DefaultClient
+}
+
+// Run replays sessions (a group's sessions together, groups in order) and returns the
+// number of calls made. Each group is created with its full size, so floe completes it
+// when its last session finishes.
+func (d *Driver) Run(ctx context.Context, sessions []Session) (int, error) {
+	size := map[string]int{}
+	for _, s := range sessions {
+		size[s.Group]++
+	}
+	var calls atomic.Int64
+	n := d.Concurrency
+	if n <= 0 {
+		n = 8
+	}
+	p := pool.New().WithContext(ctx).WithCancelOnError().WithMaxGoroutines(n)
+	for _, s := range sessions {
+		p.Go(func(ctx context.Context) error {
+			if err := d.session(ctx, s, size[s.Group], &calls); err != nil {
+				return fmt.Errorf("session %s (group %s): %w", s.ID, s.Group, err)
+			}
+			return nil
+		})
+	}
+	err := p.Wait()
+	return int(calls.Load()), err
+}
+
+func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *atomic.Int64) error {
+	var created struct {
+		SessionID string `json:"session_id"`
+		APIKey    string `json:"api_key"`
+	}
+	if err := d.post(ctx, d.Proxy+"/floe/v1/sessions", "", map[string]any{
+		"task_id": s.Task, "group_id": s.Group, "group_size": groupSize,
+	}, &created); err != nil {
+		return fmt.Errorf("creating the session: %w", err)
+	}
+	outputs := make([]Output, len(s.Calls))
+	for i, c := range s.Calls {
+		outputs[i] = c.Output
+		outputs[i].Match = &Match{Contains: s.Tag}
+	}
+	if err := d.post(ctx, d.RefServer+"/script", "", map[string]any{"outputs": outputs}, nil); err != nil {
+		return fmt.Errorf("scripting the reference server: %w", err)
+	}
+	for i, c := range s.Calls {
+		body, err := c.Body(d.Model)
+		if err != nil {
+			return err
+		}
+		var answer struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+				Message      struct {
+					Content   *string           `json:"content"`
+					ToolCalls []json.RawMessage `json:"tool_calls"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		if err := d.post(ctx, d.Proxy+"/v1/chat/completions", created.APIKey, json.RawMessage(body), &answer); err != nil {
+			return fmt.Errorf("call %d: %w", i, err)
+		}
+		if len(answer.Choices) != 1 || len(answer.Choices[0].Message.ToolCalls) != len(c.Output.ToolCalls) {
+			return fmt.Errorf("call %d: the answer is not the scripted output (%d choices; want %d tool calls): is the server in script mode, and is another client taking its outputs?",
+				i, len(answer.Choices), len(c.Output.ToolCalls))
+		}
+		n := calls.Add(1)
+		if d.Progress != nil {
+			d.Progress(int(n))
+		}
+	}
+	return d.post(ctx, d.Proxy+"/floe/v1/sessions/"+created.SessionID+"/finish", "",
+		map[string]any{"reward": s.Reward, "status": s.Status}, nil)
+}
+
+func (d *Driver) post(ctx context.Context, url, key string, body, out any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(raw))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := d.client().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("POST %s: reading the answer: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("POST %s: %w", url, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,529 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sourcegraph/conc/pool"
+
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/benchmarks/e2e"
+	"github.com/floe-rl/floe/gpu"
+	"github.com/floe-rl/floe/sidecar"
+	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/bolt"
+)
+
+const benchE2EUsage = `usage: floe bench e2e [flags]
+
+Replays agent sessions (the synthetic corpus, or the sessions recorded in a floe data dir)
+through floe's proxy against the reference inference server in script mode, so every
+recorded token id and log-probability is the server's own; then, once per strategy, trains
+on the recorded calls with a trainer on floe_bridge (examples/train_grpo.py) while floe
+serves the steps, and records a timeline: floe's step formation, the trainer's step and
+data-wait times from its reports, and NVML GPU utilization and memory at 10 Hz where a GPU
+exists. Every strategy trains the same recorded calls. Writes <out>/runs/<strategy>.json
+and <out>/REPORT.md with plots (floe bench report).
+
+`
+
+// benchE2E is floe bench e2e's configuration.
+type benchE2E struct {
+	name, out, work       string
+	corpus, dataDir       string
+	groups                int
+	seed                  int64
+	strategies            []batcher.Strategy
+	python, trainer       string
+	trainerArgs           []string
+	device                string
+	vocab                 int
+	budget, perStep, pad  int
+	maxModelLen           int
+	concurrency           int
+	runTimeout            time.Duration
+	keep                  bool
+	command               string
+	stderr                io.Writer
+	gpuLib                gpu.Lib
+	refserverArgs         []string
+	stepsExpected, calls  int
+	sessions, replayCalls int
+}
+
+func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("floe bench e2e", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, benchE2EUsage); fs.PrintDefaults() }
+	b := benchE2E{stderr: stderr, command: "floe bench e2e " + strings.Join(args, " ")}
+	fs.StringVar(&b.name, "name", "e2e-cpu", "benchmark name: the results folder under benchmarks/results")
+	fs.StringVar(&b.out, "out", "", "results folder (default: benchmarks/results/<name>)")
+	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small or default")
+	fs.StringVar(&b.dataDir, "from-data-dir", "", "replay the finished grouped sessions recorded in this floe data dir instead of the synthetic corpus")
+	fs.IntVar(&b.groups, "groups", 8, "GRPO groups of the synthetic corpus (0: the corpus's own count)")
+	fs.Int64Var(&b.seed, "seed", 1, "synthetic corpus seed")
+	strategies := fs.String("strategies", "per_request,prefix_merging,tree", "strategies to run, comma-separated")
+	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge and torch installed")
+	fs.StringVar(&b.trainer, "trainer", "trainer-bridge/examples/train_grpo.py", "trainer script (floe_bridge's example trainer's flags)")
+	trainerArgs := fs.String("trainer-args", "--preset tiny", "more trainer flags, e.g. --preset qwen2.5-0.5b --dtype bfloat16 --attn flex")
+	fs.StringVar(&b.device, "device", "cpu", "the trainer's torch device: cpu or cuda")
+	fs.IntVar(&b.vocab, "vocab", 8192, "trainer vocabulary (at least the reference tokenizer's; a --preset in -trainer-args may set it)")
+	fs.IntVar(&b.budget, "token-budget", 4096, "rows per micro-batch")
+	fs.IntVar(&b.perStep, "groups-per-step", 2, "groups per training step")
+	fs.IntVar(&b.pad, "pad-multiple", 64, "pad each micro-batch to a multiple of this many rows")
+	fs.IntVar(&b.maxModelLen, "max-model-len", 8192, "the reference server's context length")
+	fs.IntVar(&b.concurrency, "concurrency", 8, "sessions replayed at once")
+	fs.DurationVar(&b.runTimeout, "run-timeout", 30*time.Minute, "longest a strategy's training may take")
+	fs.BoolVar(&b.keep, "keep", false, "keep the work folder (data dirs and logs)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(*strategies, ",") {
+		st, err := batcher.ParseStrategy(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		b.strategies = append(b.strategies, st)
+	}
+	b.trainerArgs = strings.Fields(*trainerArgs)
+	if b.out == "" {
+		b.out = filepath.Join("benchmarks", "results", b.name)
+	}
+	if b.perStep < 1 || b.budget < 1 || b.concurrency < 1 {
+		return errors.New("-groups-per-step, -token-budget and -concurrency must be at least 1")
+	}
+	if _, err := os.Stat(b.trainer); err != nil {
+		return fmt.Errorf("-trainer: %w (run from the repository root)", err)
+	}
+	return b.run(ctx, stdout)
+}
+
+// defaultPython is the repository's venv (make test builds it), else python3.
+func defaultPython() string {
+	if _, err := os.Stat(".venv/bin/python"); err == nil {
+		return ".venv/bin/python"
+	}
+	return "python3"
+}
+
+func (b *benchE2E) progress(format string, a ...any) {
+	fmt.Fprintf(b.stderr, format+"\n", a...)
+}
+
+func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
+	sessions, corpusDesc, err := b.sessionsToReplay()
+	if err != nil {
+		return err
+	}
+	b.sessions = len(sessions)
+	for _, s := range sessions {
+		b.calls += len(s.Calls)
+	}
+	work, err := os.MkdirTemp("", "floe-bench-e2e-")
+	if err != nil {
+		return err
+	}
+	b.work = work
+	if b.keep {
+		b.progress("work folder (kept): %s", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	b.progress("replaying %d sessions, %d calls (%s) through floe against the reference server", b.sessions, b.calls, corpusDesc)
+	recorded := filepath.Join(work, "recorded")
+	if err := b.replay(ctx, sessions, recorded); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if b.stepsExpected, err = formableSteps(recorded, b.perStep); err != nil {
+		return err
+	}
+	if b.stepsExpected == 0 {
+		return fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", b.perStep)
+	}
+	mon := gpu.NewMonitor(b.lib(), gpu.MonitorConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mctx, stopMon := context.WithCancel(ctx)
+	defer stopMon()
+	go mon.Run(mctx) //nolint:errcheck // ends with mctx
+	setup := e2e.Setup{Machine: e2eMachine(mon), Device: b.device, Model: b.modelDesc(), Corpus: corpusDesc, Seed: b.seed,
+		Command: b.command, Calls: b.calls, Sessions: b.sessions, TokenBudget: b.budget, DPSize: 1}
+	if err := os.MkdirAll(filepath.Join(b.out, "runs"), 0o755); err != nil {
+		return err
+	}
+	var runs []e2e.Run
+	for _, st := range b.strategies {
+		run, err := b.train(ctx, st, recorded, mon, setup)
+		if err != nil {
+			return fmt.Errorf("%s: %w", st, err)
+		}
+		raw, _ := json.MarshalIndent(run, "", " ")
+		path := filepath.Join(b.out, "runs", string(st)+".json")
+		if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+			return err
+		}
+		runs = append(runs, run)
+	}
+	if err := e2e.WriteReport(b.out, runs); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, filepath.Join(b.out, e2e.ReportFile))
+	for _, s := range e2e.Summarize(runs) {
+		fmt.Fprintln(stdout, s.String())
+	}
+	return nil
+}
+
+func (b *benchE2E) lib() gpu.Lib {
+	if b.gpuLib != nil {
+		return b.gpuLib
+	}
+	return gpu.SystemNVML()
+}
+
+func (b *benchE2E) modelDesc() string {
+	args := strings.Join(b.trainerArgs, " ")
+	return fmt.Sprintf("Qwen2 built from a config, random init (%s %s)", filepath.Base(b.trainer), args)
+}
+
+// sessionsToReplay reads the recorded sessions or generates the synthetic corpus.
+func (b *benchE2E) sessionsToReplay() ([]e2e.Session, string, error) {
+	if b.dataDir != "" {
+		ss, err := e2e.FromStore(b.dataDir)
+		return ss, "sessions recorded in " + b.dataDir, err
+	}
+	var cfg corpus.Config
+	switch b.corpus {
+	case "small":
+		cfg = corpus.Small()
+	case "default":
+		cfg = corpus.Default()
+	default:
+		return nil, "", fmt.Errorf("-corpus %q: small or default", b.corpus)
+	}
+	if b.groups > 0 {
+		cfg.Groups = b.groups
+	}
+	groups, err := corpus.Generate(cfg, b.seed)
+	if err != nil {
+		return nil, "", err
+	}
+	ss, err := e2e.FromCorpus(groups)
+	return ss, fmt.Sprintf("synthetic corpus %q, %d groups x %d sessions", b.corpus, cfg.Groups, cfg.GroupSize), err
+}
+
+// replay starts the reference server and a floe that records without forming steps,
+// and replays the sessions through it into dataDir.
+func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir string) error {
+	ref, err := b.startRefServer(ctx)
+	if err != nil {
+		return err
+	}
+	defer ref.stop()
+	cfg := sidecar.DefaultConfig()
+	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr, cfg.Upstream = dataDir, "127.0.0.1:0", "127.0.0.1:0", ref.base
+	// Record only: no step is formed, so every strategy later forms its steps from the
+	// same complete groups.
+	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.GroupTimeout = 1<<30, 1, 0
+	f, err := b.startFloe(ctx, cfg, "replay")
+	if err != nil {
+		return err
+	}
+	defer f.stop()
+	d := &e2e.Driver{Proxy: f.addrs.Proxy, RefServer: ref.base, Model: "floe-ref", Concurrency: b.concurrency}
+	began := time.Now()
+	last := time.Time{}
+	d.Progress = func(n int) {
+		if time.Since(last) > 2*time.Second || n == b.calls {
+			last = time.Now()
+			b.progress("replay: %d/%d calls, %.0fs", n, b.calls, time.Since(began).Seconds())
+		}
+	}
+	n, err := d.Run(ctx, sessions)
+	if err != nil {
+		return err
+	}
+	b.replayCalls = n
+	return nil
+}
+
+// formableSteps counts the steps floe will form from the recorded groups: complete
+// groups in order, groupsPerStep at a time, a chunk whose groups are all untrainable
+// (every session failed) yielding none.
+func formableSteps(dataDir string, groupsPerStep int) (int, error) {
+	st, err := bolt.New(dataDir, bolt.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	ids, err := st.FinishedGroups()
+	if err != nil {
+		return 0, err
+	}
+	steps := 0
+	for len(ids) >= groupsPerStep {
+		chunk := ids[:groupsPerStep]
+		ids = ids[groupsPerStep:]
+		kept := 0
+		for _, id := range chunk {
+			g, err := st.Group(id)
+			if err != nil {
+				return 0, err
+			}
+			if trainable(g) {
+				kept++
+			}
+		}
+		if kept > 0 {
+			steps++
+		}
+		// Dropped groups leave their places to later ones.
+		for range groupsPerStep - kept {
+			if len(ids) == 0 {
+				break
+			}
+		}
+	}
+	return steps, nil
+}
+
+func trainable(g trace.Group) bool {
+	for _, s := range g.Sessions {
+		if s.Status != trace.StatusCompleted {
+			continue
+		}
+		for _, c := range s.Calls {
+			if c.Trainable {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// train runs one strategy: a floe on a copy of the recorded data dir, the trainer for
+// every formable step, the timeline recorded.
+func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded string, mon *gpu.Monitor, setup e2e.Setup) (e2e.Run, error) {
+	dir := filepath.Join(b.work, string(st))
+	if err := copyDir(recorded, dir); err != nil {
+		return e2e.Run{}, err
+	}
+	rec := e2e.NewRecorder(time.Now(), mon)
+	cfg := sidecar.DefaultConfig()
+	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream = "http://127.0.0.1:1" // no call is made: the groups are recorded
+	cfg.Batcher.Strategy, cfg.Batcher.TokenBudget, cfg.Batcher.PadMultiple = st, b.budget, b.pad
+	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.GroupTimeout = b.perStep, 1, 0
+	cfg.GPU, cfg.Observer = b.lib(), rec
+	ctx, cancel := context.WithTimeout(ctx, b.runTimeout)
+	defer cancel()
+	f, err := b.startFloe(ctx, cfg, string(st))
+	if err != nil {
+		return e2e.Run{}, err
+	}
+	defer f.stop()
+
+	p := pool.New().WithContext(ctx).WithCancelOnError()
+	gctx, stopGPU := context.WithCancel(ctx)
+	p.Go(func(context.Context) error { return rec.SampleGPU(gctx, time.Second) })
+	p.Go(func(ctx context.Context) error {
+		defer stopGPU()
+		return b.runTrainer(ctx, st, f.addrs.Flight)
+	})
+	if err := p.Wait(); err != nil {
+		return e2e.Run{}, err
+	}
+	run := rec.Run(b.name, string(st), setup)
+	if len(run.Steps) != b.stepsExpected {
+		return run, fmt.Errorf("the trainer reported on %d steps, floe could form %d", len(run.Steps), b.stepsExpected)
+	}
+	return run, nil
+}
+
+// runTrainer runs the trainer for the expected steps and shows its step lines.
+func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location string) error {
+	args := append([]string{b.trainer, "--location", location, "--steps", strconv.Itoa(b.stepsExpected),
+		"--vocab", strconv.Itoa(b.vocab), "--device", b.device, "--timeout", "600"}, b.trainerArgs...)
+	cmd := exec.CommandContext(ctx, b.python, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	logf, err := os.Create(filepath.Join(b.work, string(st)+"-trainer.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the trainer: %w", err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		fmt.Fprintln(logf, sc.Text())
+		if strings.HasPrefix(sc.Text(), "step ") {
+			b.progress("%s: %s (of %d)", st, sc.Text(), b.stepsExpected)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("trainer: %w (log: %s)", err, logf.Name())
+	}
+	return nil
+}
+
+// floeRun is an in-process floe serve.
+type floeRun struct {
+	addrs sidecar.Addrs
+	stop  func()
+}
+
+func (b *benchE2E) startFloe(ctx context.Context, cfg sidecar.Config, name string) (*floeRun, error) {
+	logf, err := os.Create(filepath.Join(b.work, name+"-floe.log"))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	addrs := make(chan sidecar.Addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- sidecar.Serve(ctx, cfg, slog.New(slog.NewTextHandler(logf, nil)), func(a sidecar.Addrs) { addrs <- a })
+	}()
+	select {
+	case a := <-addrs:
+		return &floeRun{addrs: a, stop: func() {
+			cancel()
+			if err := <-done; err != nil {
+				b.progress("floe (%s) stopped with: %v", name, err)
+			}
+			logf.Close()
+		}}, nil
+	case err := <-done:
+		cancel()
+		logf.Close()
+		return nil, fmt.Errorf("floe serve: %w", err)
+	}
+}
+
+// refServer is the reference inference server process.
+type refServer struct {
+	base string // http://host:port
+	stop func()
+}
+
+func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
+	args := append([]string{"-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}, b.refserverArgs...)
+	cmd := exec.Command(b.python, args...)
+	logf, err := os.Create(filepath.Join(b.work, "refserver.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the reference server (%s): %w", b.python, err)
+	}
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+	}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case l, ok := <-line:
+		var a struct {
+			BaseURL string `json:"base_url"`
+		}
+		if !ok || json.Unmarshal([]byte(l), &a) != nil || a.BaseURL == "" {
+			stop()
+			return nil, fmt.Errorf("the reference server did not start (log: %s)", logf.Name())
+		}
+		return &refServer{base: strings.TrimSuffix(a.BaseURL, "/v1"), stop: stop}, nil
+	case <-ctx.Done():
+		stop()
+		return nil, ctx.Err()
+	case <-time.After(5 * time.Minute):
+		stop()
+		return nil, fmt.Errorf("the reference server did not start in 5 minutes (log: %s)", logf.Name())
+	}
+}
+
+// copyDir copies the files of a data dir (not recursive: floe's data dir is flat).
+func copyDir(src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), raw, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// e2eMachine describes this machine and its GPUs for the report.
+func e2eMachine(mon *gpu.Monitor) string {
+	cpu := runtime.GOARCH
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	out := fmt.Sprintf("%s, %d cores", cpu, runtime.NumCPU())
+	for _, d := range mon.Devices() {
+		out += fmt.Sprintf("; GPU %d: %s, %.0f GiB", d.Index, d.Name, float64(d.MemoryTotal)/(1<<30))
+	}
+	return out
+}

@@ -1,0 +1,377 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"time"
+
+	gojson "github.com/goccy/go-json"
+)
+
+// SGLang talks to SGLang's OpenAI-compatible server. It asks /v1/chat/completions for
+// the sampled tokens' log-probabilities (logprobs), the prompt's token ids
+// (return_prompt_token_ids), the response's token ids (return_token_ids) and, for servers
+// that predate return_token_ids, the per-token (logprob, id) pairs of meta_info
+// (return_meta_info). SGLang gives these only on non-streaming calls, so every upstream
+// call is non-streaming; a streaming caller gets the answer replayed as its own SSE events
+// once it is complete (see Stream).
+//
+// SGLang reports the log-probability of softmax(logits / temperature), before top-k,
+// top-p and min-p filtering; the environment variable SGLANG_RETURN_ORIGINAL_LOGPROB
+// switches it to the raw model's (before temperature) and must stay unset for training.
+//
+// SGLang wire format, as read in the SGLang source (github.com/sgl-project/sglang):
+//
+//   - python/sglang/srt/entrypoints/openai/protocol.py (at 004c82e07d876f6e4a0ad6e15325706b0f478f1a):
+//     ChatCompletionRequest takes logprobs, top_logprobs, return_prompt_token_ids,
+//     return_token_ids and return_meta_info; each ChatCompletionResponseChoice carries
+//     message, logprobs (ChoiceLogprobs: content[].logprob), finish_reason ("stop",
+//     "length", "tool_calls", "content_filter", "function_call" or "abort"),
+//     prompt_token_ids, token_ids and meta_info, each omitted when unset. TokenizeRequest
+//     takes messages, tools, tool_choice and chat_template_kwargs (or a prompt);
+//     TokenizeResponse answers tokens, count and max_model_len. ModelList is
+//     {"object":"list","data":[{"id":…}]}. ErrorResponse is {object, message, type,
+//     param, code}.
+//   - python/sglang/srt/entrypoints/openai/serving_chat.py (at 002897c23becbd522d88b8115a763a21765f978a
+//     and later): _build_chat_response sets each choice's prompt_token_ids (the
+//     tokenized prompt, the same for every choice of an n > 1 request) when
+//     return_prompt_token_ids (or later return_token_ids) is set and its meta_info when
+//     return_meta_info is set; since sgl-project/sglang#30917 also the raw generated ids
+//     (output_ids, before reasoning and tool-call parsing) when return_token_ids is set,
+//     as choices[].token_ids, which #35225 renamed choices[].response_token_ids.
+//     _convert_to_internal_request refuses all three id flags when stream is true.
+//   - python/sglang/srt/managers/tokenizer_manager.py: meta_info.output_token_logprobs is a
+//     list of (logprob, token_id, token_text) tuples (detokenize_logprob_tokens), JSON
+//     arrays on the wire, one per generated token; the request validation refuses a
+//     prompt over the context with "The input (N tokens) is longer than the model's
+//     context length (C tokens)." and a prompt plus max tokens over it with "Requested
+//     token count exceeds the model's maximum context length of C tokens. You requested a
+//     total of T tokens: N tokens from the input messages and M tokens for the
+//     completion. …", both answered as 400.
+//   - python/sglang/srt/entrypoints/openai/serving_base.py: create_error_response answers
+//     the flat ErrorResponse (older servers) or OpenAI's {"error": {message, type, param,
+//     code}} envelope (newer ones).
+//   - python/sglang/srt/entrypoints/http_server.py: GET /v1/models, POST /v1/tokenize
+//     (also /tokenize), POST /v1/chat/completions; serving_tokenize.py renders a
+//     TokenizeRequest's messages with the chat template as the chat endpoint does.
+//   - python/sglang/srt/layers/sampler.py: the log-probabilities above (log of the
+//     temperature-scaled softmax; SGLANG_RETURN_ORIGINAL_LOGPROB for the raw ones).
+type SGLang struct {
+	BaseURL string       // e.g. http://127.0.0.1:30000
+	Model   string       // served model; empty: the first the server lists
+	Client  *http.Client // nil: a shared client with many idle connections per host
+
+	cache servedModel
+}
+
+var _ Engine = (*SGLang)(nil)
+
+func (s *SGLang) client() *http.Client {
+	if s.Client != nil {
+		return s.Client
+	}
+	return upstreamClient
+}
+
+// served returns the model name to send upstream.
+func (s *SGLang) served(ctx context.Context) (string, error) {
+	return s.cache.get(ctx, s.Model, s.Models)
+}
+
+func (s *SGLang) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
+	return postJSON(ctx, s.client(), s.BaseURL, path, body, sglangError)
+}
+
+// sglangRequest is ChatRequest plus SGLang's token flags. Streaming is never asked for:
+// SGLang refuses the id flags on a stream.
+type sglangRequest struct {
+	*ChatRequest
+	Logprobs             bool `json:"logprobs"`
+	ReturnPromptTokenIDs bool `json:"return_prompt_token_ids"`
+	ReturnTokenIDs       bool `json:"return_token_ids"`
+	// ReturnMetaInfo asks for meta_info.output_token_logprobs, the only source of the
+	// response's token ids on servers older than return_token_ids; newer servers answer
+	// both, and the two are checked against each other.
+	ReturnMetaInfo bool `json:"return_meta_info"`
+}
+
+func (s *SGLang) body(ctx context.Context, req *ChatRequest) ([]byte, error) {
+	model, err := s.served(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := *req
+	r.Model, r.Stream = model, false
+	b, err := gojson.Marshal(sglangRequest{ChatRequest: &r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
+	if err != nil {
+		return nil, &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "encoding the upstream request: " + err.Error()}
+	}
+	return b, nil
+}
+
+// sglangResponse is a non-streaming /v1/chat/completions answer.
+type sglangResponse struct {
+	ID      string         `json:"id"`
+	Choices []sglangChoice `json:"choices"`
+	Usage   *Usage         `json:"usage"`
+}
+
+type sglangChoice struct {
+	Index          int             `json:"index"`
+	Message        *ChatMessage    `json:"message"`
+	FinishReason   *string         `json:"finish_reason"`
+	Logprobs       *sglangLogprobs `json:"logprobs"`
+	PromptTokenIDs []int32         `json:"prompt_token_ids"`
+	// The generated ids under return_token_ids: token_ids from sgl-project/sglang#30917,
+	// response_token_ids since #35225.
+	TokenIDs         []int32         `json:"token_ids"`
+	ResponseTokenIDs []int32         `json:"response_token_ids"`
+	MetaInfo         *sglangMetaInfo `json:"meta_info"`
+}
+
+// sglangLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
+// encoder writes -inf and NaN as null, which must not read as 0 (probability one).
+type sglangLogprobs struct {
+	Content []struct {
+		Logprob *float64 `json:"logprob"`
+	} `json:"content"`
+}
+
+type sglangMetaInfo struct {
+	OutputTokenLogprobs []sglangTokenLogprob `json:"output_token_logprobs"`
+}
+
+// sglangTokenLogprob is one (logprob, token_id, token_text) tuple of
+// meta_info.output_token_logprobs; only the token id is used.
+type sglangTokenLogprob struct {
+	ID int32
+}
+
+func (t *sglangTokenLogprob) UnmarshalJSON(b []byte) error {
+	var tuple []json.RawMessage
+	if err := gojson.Unmarshal(b, &tuple); err != nil {
+		return fmt.Errorf("an output_token_logprobs entry is not a (logprob, token_id, text) array: %w", err)
+	}
+	if len(tuple) < 2 {
+		return fmt.Errorf("an output_token_logprobs entry has %d fields, want (logprob, token_id, text)", len(tuple))
+	}
+	if err := gojson.Unmarshal(tuple[1], &t.ID); err != nil {
+		return fmt.Errorf("an output_token_logprobs token id: %w", err)
+	}
+	return nil
+}
+
+// Complete sends one non-streaming request and returns every choice with its token data.
+func (s *SGLang) Complete(ctx context.Context, req *ChatRequest) (*Result, error) {
+	body, err := s.body(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	resp, err := s.post(ctx, "/v1/chat/completions", body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var sr sglangResponse
+	raw, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = gojson.Unmarshal(raw, &sr)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "reading SGLang's answer: " + err.Error()}
+	}
+	if len(sr.Choices) == 0 {
+		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server answered with no choices"}
+	}
+	// The choices of one request share its prompt: choice 0's ids are the call's.
+	res := &Result{Upstream: body, Latency: time.Since(start), PromptIDs: sr.Choices[0].PromptTokenIDs}
+	res.Response.ID = sr.ID
+	if sr.Usage != nil {
+		res.Response.Usage = *sr.Usage
+	}
+	for i := range sr.Choices {
+		c := &sr.Choices[i]
+		msg := ChatMessage{Role: "assistant", Content: ""}
+		if c.Message != nil {
+			msg = *c.Message
+			msg.Role = "assistant"
+			if msg.Content == nil {
+				msg.Content = ""
+			}
+		}
+		finish := ""
+		if c.FinishReason != nil {
+			finish = *c.FinishReason
+		}
+		res.Response.Choices = append(res.Response.Choices, Choice{Index: c.Index, Message: msg, FinishReason: finish})
+		res.Choices = append(res.Choices, sglangTokenData(c, res.PromptIDs, finish))
+	}
+	return res, nil
+}
+
+// sglangTokenData gathers one choice's token data and says why it cannot be trained on,
+// if it cannot. prompt is choice 0's prompt_token_ids, which a sibling choice must repeat
+// when it carries its own.
+func sglangTokenData(c *sglangChoice, prompt []int32, finish string) TokenData {
+	var metaIDs []int32
+	if c.MetaInfo != nil && c.MetaInfo.OutputTokenLogprobs != nil {
+		metaIDs = make([]int32, len(c.MetaInfo.OutputTokenLogprobs))
+		for i, t := range c.MetaInfo.OutputTokenLogprobs {
+			metaIDs[i] = t.ID
+		}
+	}
+	ids, source := c.ResponseTokenIDs, "response_token_ids"
+	if ids == nil {
+		ids, source = c.TokenIDs, "token_ids"
+	}
+	if ids == nil {
+		ids, source, metaIDs = metaIDs, "meta_info.output_token_logprobs", nil
+	}
+	td := TokenData{ResponseIDs: ids}
+	null := -1
+	if c.Logprobs != nil {
+		td.Logprobs = make([]float32, len(c.Logprobs.Content))
+		for i, x := range c.Logprobs.Content {
+			if x.Logprob == nil {
+				if null < 0 {
+					null = i
+				}
+				continue
+			}
+			td.Logprobs[i] = float32(*x.Logprob)
+		}
+	}
+	switch {
+	case len(prompt) == 0:
+		td.Problem = "SGLang returned no prompt_token_ids (floe asks for them with return_prompt_token_ids and return_token_ids on a non-streaming /v1/chat/completions; the server is too old)"
+	case c.PromptTokenIDs != nil && !slices.Equal(c.PromptTokenIDs, prompt):
+		td.Problem = fmt.Sprintf("the prompt_token_ids of choice %d differ from choice 0's", c.Index)
+	case ids == nil:
+		td.Problem = "SGLang returned no token ids for the response (none of response_token_ids, token_ids, meta_info.output_token_logprobs)"
+	case metaIDs != nil && !slices.Equal(ids, metaIDs):
+		td.Problem = fmt.Sprintf("SGLang's %s (%d ids) disagree with meta_info.output_token_logprobs (%d ids)", source, len(ids), len(metaIDs))
+	case c.Logprobs == nil:
+		td.Problem = "SGLang returned no logprobs"
+	case len(td.Logprobs) != len(ids):
+		td.Problem = fmt.Sprintf("%d logprobs for %d response token ids", len(td.Logprobs), len(ids))
+	case null >= 0:
+		td.Problem = fmt.Sprintf("the logprob of response token %d is null (SGLang writes -inf and NaN as null)", null)
+	case finish == "abort":
+		// An aborted generation (preemption, shutdown) is a fragment, not an answer.
+		td.Problem = "SGLang aborted the generation (finish_reason abort)"
+	}
+	return td
+}
+
+// Stream serves a streaming caller from one non-streaming upstream call: SGLang returns
+// token ids only without streaming (its serving_chat.py refuses return_token_ids,
+// return_prompt_token_ids and return_meta_info with stream), and its streamed tool-call
+// and reasoning parsing cannot be matched to ids chunk by chunk. Once the answer is
+// complete, choice 0 goes to sink as reasoning, text and one fragment per tool call,
+// which the caller's dialect writes as its own SSE events; the server then records the
+// call and ends the stream. What is recorded is exactly what Complete records.
+func (s *SGLang) Stream(ctx context.Context, req *ChatRequest, sink StreamSink) (*Result, error) {
+	res, err := s.Complete(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range answerDeltas(res.Response.Choices[0].Message) {
+		if err := sink.Delta(d); err != nil {
+			return res, fmt.Errorf("%w: %w", errCallerGone, err)
+		}
+	}
+	sink.Flush()
+	return res, nil
+}
+
+// answerDeltas splits a complete assistant message into the deltas a stream of it would
+// have carried: its reasoning, its text, then each tool call whole (id, name, arguments).
+func answerDeltas(m ChatMessage) []Delta {
+	var out []Delta
+	if m.ReasoningContent != "" {
+		out = append(out, Delta{Reasoning: m.ReasoningContent})
+	}
+	if text, _ := m.Content.(string); text != "" {
+		out = append(out, Delta{Content: text})
+	}
+	for i, tc := range m.ToolCalls {
+		out = append(out, Delta{ToolCalls: []ToolCallDelta{{Index: i, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments}}})
+	}
+	return out
+}
+
+// sglangTokenizeRequest is SGLang's TokenizeRequest for a conversation: the server
+// renders it with the chat template exactly as /v1/chat/completions would (generation
+// prompt included) and counts the tokens.
+type sglangTokenizeRequest struct {
+	Model              string          `json:"model"`
+	Messages           []ChatMessage   `json:"messages"`
+	Tools              []ChatTool      `json:"tools,omitempty"`
+	ToolChoice         json.RawMessage `json:"tool_choice,omitempty"`
+	ChatTemplateKwargs map[string]any  `json:"chat_template_kwargs,omitempty"`
+}
+
+// CountTokens asks SGLang's /v1/tokenize, which takes messages on servers whose
+// TokenizeRequest has them (older ones take only a prompt and refuse the request).
+func (s *SGLang) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
+	model, err := s.served(ctx)
+	if err != nil {
+		return 0, err
+	}
+	body, err := gojson.Marshal(sglangTokenizeRequest{Model: model, Messages: req.Messages, Tools: req.Tools,
+		ToolChoice: req.ToolChoice, ChatTemplateKwargs: req.ChatTemplateKwargs})
+	if err != nil {
+		return 0, fmt.Errorf("encoding the tokenize request: %w", err)
+	}
+	resp, err := s.post(ctx, "/v1/tokenize", body)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Count *int `json:"count"`
+	}
+	if err := gojson.NewDecoder(resp.Body).Decode(&out); err != nil || out.Count == nil {
+		return 0, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "SGLang's /v1/tokenize answer has no count"}
+	}
+	return *out.Count, nil
+}
+
+func (s *SGLang) Models(ctx context.Context) ([]string, error) {
+	return listModels(ctx, s.client(), s.BaseURL, sglangError)
+}
+
+// SGLang's two context-length refusals (tokenizer_manager.py's request validation).
+var (
+	sglangInputTooLongRE = regexp.MustCompile(`The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)`)
+	sglangRequestedRE    = regexp.MustCompile(`maximum context length of (\d+) tokens\. You requested a total of (\d+) tokens: (\d+) tokens from the input messages and (\d+) tokens for the completion`)
+)
+
+// sglangError turns an SGLang error answer into an *Error. SGLang words a context overflow
+// differently from vLLM; its words are put into vLLM's and mapped by upstreamError, so
+// that every dialect answers an SGLang overflow exactly as a vLLM one (Anthropic's
+// "input length and `max_tokens` exceed context limit", on which Claude Code lowers
+// max_tokens, is read from vLLM's "(N in the messages, M in the completion)").
+func sglangError(status int, body []byte) *Error {
+	msg := upstreamMessage(body)
+	if m := sglangRequestedRE.FindStringSubmatch(msg); m != nil {
+		return upstreamError(http.StatusBadRequest, fmt.Appendf(nil,
+			"This model's maximum context length is %s tokens. However, you requested %s tokens (%s in the messages, %s in the completion). Please reduce the length of the messages or completion.",
+			m[1], m[2], m[3], m[4]))
+	}
+	if m := sglangInputTooLongRE.FindStringSubmatch(msg); m != nil {
+		return upstreamError(http.StatusBadRequest, fmt.Appendf(nil,
+			"This model's maximum context length is %s tokens. However, you requested %s tokens in the messages, Please reduce the length of the messages.",
+			m[2], m[1]))
+	}
+	return upstreamError(status, body)
+}
