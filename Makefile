@@ -6,6 +6,8 @@
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
 #   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
+#   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
+#   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    the whole loop: reference inference server, floe serve, agent rollouts, GRPO trainer
 #                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe bench)
@@ -21,7 +23,7 @@ VPY      := $(VENV)/bin/python
 STAMP    := $(VENV)/.floe-bridge-installed
 BRIDGE   := trainer-bridge
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
 all: test
 
@@ -93,6 +95,21 @@ bench-flight: venv
 # Proxy overhead against a zero-latency fake upstream.
 bench-proxy:
 	$(GO) run ./cmd/floe bench-proxy -out benchmarks/results/proxy/REPORT.md
+
+# End to end: replay the small synthetic corpus through floe against the reference server,
+# train the tiny model once per strategy on CPU, write the report and plots.
+bench-e2e: venv
+	$(GO) run ./cmd/floe bench e2e -name e2e-cpu -groups 16 -python $(VPY)
+
+# The GPU run: a 0.5B Qwen2 in bf16 with FlexAttention on the medium corpus.
+bench-e2e-gpu:
+	bash benchmarks/gpu/run.sh
+
+# Prebuilt binaries for a GPU machine without Go (benchmarks/gpu/run.sh uses bin/).
+gpu-bundle:
+	mkdir -p bin
+	$(GO) build -o bin/floe ./cmd/floe
+	$(GO) test -c -o bin/gpu.test ./gpu
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/

@@ -108,6 +108,25 @@ func Default() Config {
 	}
 }
 
+// Medium is Default's agent at a sixth of its context: system prompts of 1–3k tokens,
+// compaction at 10k, contexts up to 14k. Sized for end-to-end runs where every call is
+// replayed through the reference inference server and trained on a real model (floe
+// bench e2e on a GPU), where Default's 60k-token contexts would take the server minutes.
+func Medium() Config {
+	c := Default()
+	c.Groups = 16
+	c.SystemPrefixTokens = Range{1_000, 3_000}
+	c.TaskPromptTokens = Range{100, 800}
+	c.CallsPerSession = Range{8, 40}
+	c.ToolOutputTokens = Skewed{Min: 30, Max: 1_500, Median: 250, Sigma: 1.0}
+	c.CompactAt = 10_000
+	c.SummaryTokens = Range{300, 1_000}
+	c.MaxContext = 14_000
+	c.SubAgentPrefixTokens = Range{300, 1_000}
+	c.SubAgentTaskTokens = Range{30, 200}
+	return c
+}
+
 // Small is a tiny corpus for unit, property and fuzz tests: contexts of tens to hundreds
 // of tokens, and every event frequent enough that a handful of groups shows all of them.
 func Small() Config {

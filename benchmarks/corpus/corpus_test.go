@@ -441,3 +441,26 @@ func TestStatsMarkdown(t *testing.T) {
 		t.Error("Measure alone cannot know compactions but Markdown shows them")
 	}
 }
+
+func TestMediumIsValid(t *testing.T) {
+	cfg := Medium()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Groups = 2
+	groups, err := Generate(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := Measure(groups)
+	for _, g := range groups {
+		for _, s := range g.Sessions {
+			for _, c := range s.Calls {
+				if n := len(c.PromptIDs) + len(c.ResponseIDs); n > cfg.MaxContext {
+					t.Fatalf("a context of %d tokens over MaxContext %d", n, cfg.MaxContext)
+				}
+			}
+		}
+	}
+	t.Logf("medium, 2 groups: %d calls, %d input tokens", st.Calls, st.InputTokens)
+}

@@ -23,7 +23,7 @@ type Recorder struct {
 	steps     map[int64]*Step
 	committed map[int64]float64
 	pids      map[int]int32
-	gpu       []GPUSample
+	gpu       []gpu.Sample
 	lastGPU   time.Time
 }
 
@@ -119,31 +119,47 @@ func (r *Recorder) SampleGPU(ctx context.Context, poll time.Duration) error {
 	}
 }
 
-// drainGPU appends the samples newer than the last one taken. The trainer's device is
-// the one its processes run on, device 0 until they are seen.
+// drainGPU keeps the samples newer than the last one taken.
 func (r *Recorder) drainGPU() {
 	samples := r.Monitor.Samples()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, s := range samples {
-		if !s.Time.After(r.lastGPU) || len(s.Devices) == 0 {
-			continue
+		if s.Time.After(r.lastGPU) && len(s.Devices) > 0 {
+			r.lastGPU = s.Time
+			r.gpu = append(r.gpu, s)
 		}
-		r.lastGPU = s.Time
-		d := s.Devices[0]
-		for _, dev := range s.Devices {
-			if len(dev.Procs) > 0 {
-				d = dev
-				break
+	}
+}
+
+// gpuTimeline is the trainer's device's samples: the first device any sample saw a
+// trainer process on (its PIDs come with the first report, so earlier samples are
+// attributed afterwards), device 0 when none was seen.
+func (r *Recorder) gpuTimeline() []GPUSample {
+	dev := -1
+	for _, s := range r.gpu {
+		for _, d := range s.Devices {
+			if len(d.Procs) > 0 && dev < 0 {
+				dev = d.Index
 			}
 		}
-		g := GPUSample{T: r.since(s.Time), Utilization: float64(d.Util) / 100, MemoryUsed: d.MemoryUsed, MemoryTotal: d.MemoryTotal}
-		for _, p := range d.Procs {
-			g.ProcessMemory += p.MemoryUsed
-			g.ProcessSMShare += float64(p.SMUtil) / 100
-		}
-		r.gpu = append(r.gpu, g)
 	}
+	dev = max(dev, 0)
+	var out []GPUSample
+	for _, s := range r.gpu {
+		for _, d := range s.Devices {
+			if d.Index != dev {
+				continue
+			}
+			g := GPUSample{T: r.since(s.Time), Utilization: float64(d.Util) / 100, MemoryUsed: d.MemoryUsed, MemoryTotal: d.MemoryTotal}
+			for _, p := range d.Procs {
+				g.ProcessMemory += p.MemoryUsed
+				g.ProcessSMShare += float64(p.SMUtil) / 100
+			}
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // Run assembles the timeline into a Run: steps in order (only those the trainer
@@ -151,7 +167,7 @@ func (r *Recorder) drainGPU() {
 func (r *Recorder) Run(name, strategy string, setup Setup) Run {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := Run{Name: name, Strategy: strategy, Started: r.Start.UTC(), Setup: setup, GPU: append([]GPUSample(nil), r.gpu...)}
+	out := Run{Name: name, Strategy: strategy, Started: r.Start.UTC(), Setup: setup, GPU: r.gpuTimeline()}
 	first, last := -1.0, 0.0
 	for _, s := range r.steps {
 		if s.StepSeconds == 0 && s.TrainStart == 0 {

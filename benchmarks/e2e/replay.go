@@ -125,7 +125,8 @@ const (
 // turn keeps its place: what two calls share as tokens they share as messages, drift
 // (a re-tokenized turn) becomes differing words, stripped reasoning an assistant message
 // without reasoning_content, a compaction a fresh conversation. Sibling choices (n > 1)
-// are replayed as their first choice only.
+// are replayed as their first choice only. Every call needs its response tokens: the
+// corpus must be generated with UntrainableProb 0.
 func FromCorpus(groups []trace.Group) ([]Session, error) {
 	var out []Session
 	for _, g := range groups {
@@ -138,6 +139,9 @@ func FromCorpus(groups []trace.Group) ([]Session, error) {
 			for _, c := range s.Calls {
 				if c.Choice != 0 {
 					continue
+				}
+				if len(c.ResponseIDs) == 0 {
+					return nil, fmt.Errorf("group %s session %s call %d: no response tokens to script (generate the corpus with UntrainableProb 0)", g.ID, s.ID, c.Index)
 				}
 				msgs, err := promptMessages(c.PromptIDs)
 				if err != nil {

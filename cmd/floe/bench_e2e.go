@@ -73,14 +73,15 @@ func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	b := benchE2E{stderr: stderr, command: "floe bench e2e " + strings.Join(args, " ")}
 	fs.StringVar(&b.name, "name", "e2e-cpu", "benchmark name: the results folder under benchmarks/results")
 	fs.StringVar(&b.out, "out", "", "results folder (default: benchmarks/results/<name>)")
-	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small or default")
+	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small, medium (GPU runs) or default")
 	fs.StringVar(&b.dataDir, "from-data-dir", "", "replay the finished grouped sessions recorded in this floe data dir instead of the synthetic corpus")
 	fs.IntVar(&b.groups, "groups", 8, "GRPO groups of the synthetic corpus (0: the corpus's own count)")
 	fs.Int64Var(&b.seed, "seed", 1, "synthetic corpus seed")
 	strategies := fs.String("strategies", "per_request,prefix_merging,tree", "strategies to run, comma-separated")
 	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge and torch installed")
 	fs.StringVar(&b.trainer, "trainer", "trainer-bridge/examples/train_grpo.py", "trainer script (floe_bridge's example trainer's flags)")
-	trainerArgs := fs.String("trainer-args", "--preset tiny", "more trainer flags, e.g. --preset qwen2.5-0.5b --dtype bfloat16 --attn flex")
+	trainerArgs := fs.String("trainer-args", "--preset refserver",
+		"more trainer flags: --preset refserver trains the reference server's own model (rollout log-probs match at step 0); on a GPU e.g. --preset qwen2.5-0.5b --dtype bfloat16 --attn flex")
 	fs.StringVar(&b.device, "device", "cpu", "the trainer's torch device: cpu or cuda")
 	fs.IntVar(&b.vocab, "vocab", 8192, "trainer vocabulary (at least the reference tokenizer's; a --preset in -trainer-args may set it)")
 	fs.IntVar(&b.budget, "token-budget", 4096, "rows per micro-batch")
@@ -215,14 +216,19 @@ func (b *benchE2E) sessionsToReplay() ([]e2e.Session, string, error) {
 	switch b.corpus {
 	case "small":
 		cfg = corpus.Small()
+	case "medium":
+		cfg = corpus.Medium()
 	case "default":
 		cfg = corpus.Default()
 	default:
-		return nil, "", fmt.Errorf("-corpus %q: small or default", b.corpus)
+		return nil, "", fmt.Errorf("-corpus %q: small, medium or default", b.corpus)
 	}
 	if b.groups > 0 {
 		cfg.Groups = b.groups
 	}
+	// Broken upstream token data is the proxy's concern, not this benchmark's: every
+	// replayed call has its response.
+	cfg.UntrainableProb = 0
 	groups, err := corpus.Generate(cfg, b.seed)
 	if err != nil {
 		return nil, "", err

@@ -47,6 +47,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"bench", "-advantage", "ppo"}, 1, `unknown advantage "ppo"`},
 		{[]string{"bench", "-token-budget", "1000"}, 1, "multiple of the pad multiple"},
+		{[]string{"serve", "-engine", "tgi", "-data-dir", t.TempDir()}, 1, `unknown inference engine "tgi"`},
+		{[]string{"proxy", "-engine", "tgi"}, 1, `unknown inference engine "tgi"`},
+		{[]string{"serve", "-group-timeout", "-1s", "-data-dir", t.TempDir()}, 1, "group timeout -1s must not be negative"},
+		{[]string{"bench", "e2e", "-strategies", "tree,bfs"}, 1, `bfs`},
+		{[]string{"bench", "e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus "huge": small, medium or default`},
+		{[]string{"bench", "report"}, 1, "-dir"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer

@@ -39,10 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn", choices=["sdpa", "flex"], default="sdpa", help="attention implementation")
     p.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
+        choices=[*sorted(PRESETS), "refserver"],
         default=None,
         help="a model shape (sets --vocab --hidden --intermediate --layers --heads --kv-heads); qwen2.5-0.5b is "
-        "Qwen2.5-0.5B's architecture, randomly initialised",
+        "Qwen2.5-0.5B's architecture, randomly initialised; refserver is the reference inference server's own "
+        "model (its tokenizer's vocabulary, weights from --seed as the server's --seed), so rollout log-probs "
+        "recorded from it match the trainer's at step 0",
     )
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
     p.add_argument("--hidden", type=int, default=64)
@@ -60,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step")
     args = p.parse_args(argv)
-    if args.preset:
+    if args.preset in PRESETS:
         for k, v in PRESETS[args.preset].items():
             setattr(args, k, v)
     return args
@@ -79,6 +81,15 @@ PRESETS: dict[str, dict[str, int]] = {
 def build_model(args: argparse.Namespace, device: Any) -> Any:
     import torch
     import transformers
+
+    if args.preset == "refserver":
+        from floe_bridge.refserver.model import build_model as server_model
+        from floe_bridge.refserver.tokenizer import load_tokenizer
+
+        ref = server_model(len(load_tokenizer()), seed=args.seed)
+        ref.config._attn_implementation = {"sdpa": "sdpa", "flex": "flex_attention"}[args.attn]
+        ref.requires_grad_(True)
+        return ref.to(device=device, dtype=getattr(torch, args.dtype)).train()
 
     torch.manual_seed(args.seed)
     # a plain dict: transformers 4.x takes rope_theta, 5.x folds it into rope_parameters

@@ -1,0 +1,59 @@
+"""``floe bench e2e`` end to end, reduced: the synthetic small corpus (2 groups of 4
+sessions) replayed through a floe the command starts, against the reference inference
+server in script mode, then trained once with ``per_request`` and once with ``tree`` by
+the example trainer on CPU; the report is written from the recorded runs.
+
+    .venv/bin/python -m pytest demo/tests/test_bench_e2e.py -q
+
+Checks what the runs recorded, not how long anything took: both strategies trained the
+same samples (same steps, loss tokens, per-request rows and losses), ``tree`` forwarded
+fewer rows, and REPORT.md and the plots hold those numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(400)
+def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
+    floe = tmp_path / "floe"
+    subprocess.run(["go", "build", "-o", str(floe), "./cmd/floe"], cwd=ROOT, check=True, timeout=300)
+    out = tmp_path / "results"
+    r = subprocess.run(
+        [str(floe), "bench", "e2e", "-name", "e2e-test", "-out", str(out), "-groups", "2", "-groups-per-step", "1",
+         "-strategies", "per_request,tree", "-python", sys.executable, "-token-budget", "2048"],
+        cwd=ROOT, capture_output=True, text=True, timeout=380,
+    )
+    assert r.returncode == 0, f"floe bench e2e failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    assert "replay: " in r.stderr and "tree: step 1" in r.stderr  # progress while it runs
+
+    runs = {s: json.loads((out / "runs" / f"{s}.json").read_text()) for s in ("per_request", "tree")}
+    pr, tree = runs["per_request"], runs["tree"]
+    assert pr["setup"]["sessions"] == tree["setup"]["sessions"] == 8
+    assert pr["setup"]["calls"] == tree["setup"]["calls"] > 8
+    assert [s["step"] for s in pr["steps"]] == [s["step"] for s in tree["steps"]] == [0, 1]
+    for a, b in zip(pr["steps"], tree["steps"]):
+        # the same samples: the same calls, the same loss tokens, the same loss
+        assert a["per_request_rows"] == b["per_request_rows"] > 0
+        assert a["loss_rows"] == b["loss_rows"] > 0
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-6)
+        assert 0 < b["rows"] < a["rows"] <= a["per_request_rows"]
+        assert a["step_seconds"] > 0 and b["step_seconds"] > 0 and b["train_start"] >= 0
+    assert not pr.get("gpu") or pr["setup"]["device"] == "cuda"  # samples only where NVML sees a GPU
+
+    report = (out / "REPORT.md").read_text()
+    rows_pr = sum(s["rows"] for s in pr["steps"])
+    rows_tree = sum(s["rows"] for s in tree["steps"])
+    assert f"{rows_pr / rows_tree:.2f}x" in report  # the rows ratio, as recorded
+    assert "floe bench e2e -name e2e-test" in report
+    for png in ("step_seconds.png", "rows_per_step.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(out / "REPORT.md") in r.stdout
