@@ -258,6 +258,7 @@ func reportMarkdown(dir string, runs []Run, hasGPU bool) string {
 
 	b.WriteString(polarLine(sums, hasGPU))
 	b.WriteString("\n")
+	b.WriteString(sameSamplesLine(runs))
 	if !hasGPU {
 		b.WriteString("No GPU: no run recorded GPU samples, so there is no GPU busy share and no utilization plot.\n\n")
 	}
@@ -279,15 +280,51 @@ func reportMarkdown(dir string, runs []Run, hasGPU bool) string {
 			b.WriteString("No steps recorded.\n")
 			continue
 		}
-		b.WriteString("| step | rows | loss rows | micro-batches | fill | imbalance | form s | step s | wait s |\n")
-		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| step | rows | loss rows | micro-batches | fill | imbalance | form s | step s | wait s | loss |\n")
+		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, st := range r.Steps {
-			fmt.Fprintf(&b, "| %d | %s | %s | %d | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&b, "| %d | %s | %s | %d | %s | %s | %s | %s | %s | %.6f |\n",
 				st.Step, grouped(st.Rows), grouped(st.LossRows), st.MicroBatches, percent(st.Fill), fixed3(st.Imbalance),
-				sig3(st.FormSeconds), sig3(st.StepSeconds), sig3(st.WaitSeconds))
+				sig3(st.FormSeconds), sig3(st.StepSeconds), sig3(st.WaitSeconds), st.Loss)
 		}
 	}
 	return b.String()
+}
+
+// sameSamplesLine checks what makes the comparison fair: every strategy trained the same
+// loss tokens per step as per_request, and (the trainer reporting its loss) reached the
+// same loss; it states the largest loss difference seen, or what differed.
+func sameSamplesLine(runs []Run) string {
+	var base *Run
+	for i := range runs {
+		if runs[i].Strategy == "per_request" {
+			base = &runs[i]
+		}
+	}
+	if base == nil {
+		return ""
+	}
+	worst, compared := 0.0, 0
+	for _, r := range runs {
+		if r.Strategy == base.Strategy {
+			continue
+		}
+		if len(r.Steps) != len(base.Steps) {
+			return fmt.Sprintf("**%s trained %d steps, per_request %d: the runs did not train the same samples.**\n\n", r.Strategy, len(r.Steps), len(base.Steps))
+		}
+		for i, st := range r.Steps {
+			if st.LossRows != base.Steps[i].LossRows {
+				return fmt.Sprintf("**Step %d: %s trained %d loss tokens, per_request %d: the runs did not train the same samples.**\n\n",
+					st.Step, r.Strategy, st.LossRows, base.Steps[i].LossRows)
+			}
+			worst = max(worst, math.Abs(st.Loss-base.Steps[i].Loss))
+			compared++
+		}
+	}
+	if compared == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Same samples: every strategy trained per_request's loss tokens in every step, and its per-step loss differs from per_request's by at most %.2g.\n\n", worst)
 }
 
 // writeSetup states what ran. Fields the runs agree on are given once; others per strategy,

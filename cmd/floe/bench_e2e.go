@@ -272,9 +272,10 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 	return nil
 }
 
-// formableSteps counts the steps floe will form from the recorded groups: complete
-// groups in order, groupsPerStep at a time, a chunk whose groups are all untrainable
-// (every session failed) yielding none.
+// formableSteps counts the steps floe will form from the recorded groups, as its step
+// former does: complete groups in order, groupsPerStep at a time; a group with nothing to
+// train (every session failed) is dropped from its step, and a step left with no group is
+// not formed.
 func formableSteps(dataDir string, groupsPerStep int) (int, error) {
 	st, err := bolt.New(dataDir, bolt.Options{})
 	if err != nil {
@@ -299,14 +300,8 @@ func formableSteps(dataDir string, groupsPerStep int) (int, error) {
 				kept++
 			}
 		}
-		if kept > 0 {
+		if kept > 0 { // floe drops the others and forms the step without them
 			steps++
-		}
-		// Dropped groups leave their places to later ones.
-		for range groupsPerStep - kept {
-			if len(ids) == 0 {
-				break
-			}
 		}
 	}
 	return steps, nil

@@ -54,6 +54,7 @@ def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
     rows_tree = sum(s["rows"] for s in tree["steps"])
     assert f"{rows_pr / rows_tree:.2f}x" in report  # the rows ratio, as recorded
     assert "floe bench e2e -name e2e-test" in report
+    assert "Same samples: every strategy trained per_request's loss tokens" in report
     for png in ("step_seconds.png", "rows_per_step.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out / "REPORT.md") in r.stdout
