@@ -317,11 +317,13 @@ def _store_row(s: dict[str, Any]) -> list[tuple[str, str]]:
     u = s.get("store") or {}
     if not u.get("calls"):
         return []
-    per_call = u["disk_bytes"] / u["calls"]
-    full = 4 * u["prompt_ids"] / u["calls"]  # int32 prompts stored in full
+    n = u["calls"]
+    tokens = (u["call_bytes"] - u["json_bytes"]) / n  # token ids and log-probs, prompts by reference
+    full = 4 * u["prompt_ids"] / n  # the prompts alone, as int32 in full
     return [("trace store on disk",
-             f"{u['disk_bytes'] / 1024:.0f} KiB for {u['calls']} calls: {per_call / 1024:.1f} KiB/call on disk, "
-             f"{u['call_bytes'] / u['calls'] / 1024:.2f} KiB/call encoded (full int32 prompts: {full / 1024:.1f} KiB/call)")]
+             f"{u['disk_bytes'] / 1024:.0f} KiB for {n} calls ({u['disk_bytes'] / n / 1024:.1f} KiB/call); per call "
+             f"{tokens:,.0f} B of token data (full int32 prompts would be {full:,.0f} B) and "
+             f"{u['json_bytes'] / n:,.0f} B of recorded request/answer JSON")]
 
 
 def print_summary(s: dict[str, Any], out: IO[str]) -> None:

@@ -76,7 +76,8 @@ def test_demo_quick(tmp_path: Path) -> None:
     assert "| reduction" in r.stdout and "nothing left running" in r.stdout
     u = s["store"]  # the durable store: every call, prompts by reference to earlier ones
     assert u["calls"] >= s["calls"] and u["sessions"] == 8, u
-    assert 0 < u["call_bytes"] <= u["disk_bytes"], u
+    assert 0 < u["json_bytes"] < u["call_bytes"] <= u["disk_bytes"], u
+    assert u["call_bytes"] - u["json_bytes"] < 4 * u["prompt_ids"]  # prompts stored by reference
     assert "| trace store on disk" in r.stdout
     assert marked_processes(mark) == [], "processes of the demo are still running"
 

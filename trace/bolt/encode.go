@@ -301,8 +301,9 @@ func decodeCall(v []byte, session string, seq int, fulls [][]int32, prevBlobs *[
 	return c, full, nil
 }
 
-// encodedPromptLen reads a stored call's prompt length without decoding its tokens.
-func encodedPromptLen(v []byte) (int, error) {
+// callSizes reads a stored call's prompt length and how many of its bytes are the
+// recorded JSON (request, upstream request, answer), without decoding its tokens.
+func callSizes(v []byte) (promptLen, blobBytes int, err error) {
 	d := decoder{b: v}
 	d.varint("index")
 	d.varint("choice")
@@ -316,9 +317,20 @@ func encodedPromptLen(v []byte) (int, error) {
 	d.varint("upstream latency")
 	d.uvarint("prompt ref")
 	shared := d.uvarint("shared prefix")
-	tail := d.uvarint("prompt tail length")
+	tail := d.skipTokens("prompt tail")
+	d.skipTokens("response")
+	d.b = d.b[min(len(d.b), 4*d.length("logprobs", 4)):]
 	if d.err != nil {
-		return 0, d.err
+		return 0, 0, d.err
 	}
-	return int(shared + tail), nil
+	return int(shared) + tail, len(d.b), nil
+}
+
+// skipTokens steps over a token list and returns its length.
+func (d *decoder) skipTokens(what string) int {
+	n := d.length(what, 1)
+	for i := 0; i < n && d.err == nil; i++ {
+		d.varint(what)
+	}
+	return n
 }

@@ -155,6 +155,9 @@ func (s *Store) Record(ctx context.Context, c *trace.Call) error {
 		if err := b.Bucket(kCalls).Put(binary.BigEndian.AppendUint64(nil, uint64(seq)), val); err != nil {
 			return err
 		}
+		if err := addCall(tx, val, len(c.PromptIDs)); err != nil {
+			return err
+		}
 		info.Stored, info.Next = seq+1, next
 		return putJSON(b, kInfo, info)
 	})

@@ -91,6 +91,7 @@ var (
 	kInfo     = []byte("info")
 	kCalls    = []byte("calls")
 	kMembers  = []byte("sessions")
+	kUsage    = []byte("usage")
 )
 
 // Store is the durable trace store. Its methods are safe for concurrent use.
@@ -173,7 +174,7 @@ func initialise(db *bolt.DB, path string) error {
 					return err
 				}
 			}
-			return nil
+			return putJSON(m, kUsage, callTotals{})
 		}
 		v := meta.Get(kFormat)
 		if len(v) != 4 {
@@ -187,6 +188,13 @@ func initialise(db *bolt.DB, path string) error {
 			if tx.Bucket(b) == nil {
 				return fmt.Errorf("%w: %s lacks bucket %q", ErrCorrupt, path, b)
 			}
+		}
+		if meta.Get(kUsage) == nil { // written before the totals were kept
+			t, err := countCalls(tx)
+			if err != nil {
+				return err
+			}
+			return putJSON(meta, kUsage, t)
 		}
 		return nil
 	})
@@ -661,33 +669,75 @@ func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 
 // Usage is what the store holds and what it costs on disk.
 type Usage struct {
+	Sessions  int   `json:"sessions"`
 	Calls     int   `json:"calls"`      // calls recorded
 	PromptIDs int64 `json:"prompt_ids"` // Σ prompt lengths of those calls, in tokens
-	CallBytes int64 `json:"call_bytes"` // encoded call records (prompts by reference), before bbolt's pages
+	// CallBytes is the encoded call records (prompts by reference), before bbolt's pages;
+	// JSONBytes the part of it that is the recorded request, upstream request and answer.
+	CallBytes int64 `json:"call_bytes"`
+	JSONBytes int64 `json:"json_bytes"`
 	FileBytes int64 `json:"file_bytes"` // the database file's size
 	DiskBytes int64 `json:"disk_bytes"` // blocks the file occupies (bbolt grows it ahead, sparse or not)
-	Sessions  int   `json:"sessions"`
 }
 
-// Usage measures the store. It reads every call record's header (not the prompts), so it
-// costs a scan of the calls: for status pages and reports, not a hot path.
+// callTotals is the running count of the calls behind Usage, kept in the meta bucket
+// under "usage" and updated in the transaction that stores each call, so it is exact
+// after any crash. A store written before it was kept gets it by one scan at open.
+type callTotals struct {
+	Calls     int   `json:"calls"`
+	PromptIDs int64 `json:"prompt_ids"`
+	CallBytes int64 `json:"call_bytes"`
+	JSONBytes int64 `json:"json_bytes"`
+}
+
+// addCall counts one stored call value in tx's totals.
+func addCall(tx *bolt.Tx, val []byte, promptLen int) error {
+	meta := tx.Bucket(bMeta)
+	var t callTotals
+	if err := getJSON(meta, kUsage, &t, "usage totals"); err != nil {
+		return err
+	}
+	_, blob, err := callSizes(val)
+	if err != nil {
+		return err
+	}
+	t.Calls++
+	t.PromptIDs += int64(promptLen)
+	t.CallBytes += int64(len(val))
+	t.JSONBytes += int64(blob)
+	return putJSON(meta, kUsage, t)
+}
+
+// countCalls scans every stored call for the totals (stores from before they were kept).
+func countCalls(tx *bolt.Tx) (callTotals, error) {
+	var t callTotals
+	all := tx.Bucket(bSessions)
+	err := all.ForEachBucket(func(id []byte) error {
+		return all.Bucket(id).Bucket(kCalls).ForEach(func(_, v []byte) error {
+			n, blob, err := callSizes(v)
+			if err != nil {
+				return fmt.Errorf("%w: session %q: %v", ErrCorrupt, id, err)
+			}
+			t.Calls++
+			t.PromptIDs += int64(n)
+			t.CallBytes += int64(len(v))
+			t.JSONBytes += int64(blob)
+			return nil
+		})
+	})
+	return t, err
+}
+
+// Usage measures the store: the call totals, the sessions (counted) and the file.
 func (s *Store) Usage() (Usage, error) {
 	var u Usage
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
-			u.Sessions++
-			calls := tx.Bucket(bSessions).Bucket(id).Bucket(kCalls)
-			return calls.ForEach(func(_, v []byte) error {
-				u.Calls++
-				u.CallBytes += int64(len(v))
-				n, err := encodedPromptLen(v)
-				if err != nil {
-					return fmt.Errorf("%w: session %q: %v", ErrCorrupt, id, err)
-				}
-				u.PromptIDs += int64(n)
-				return nil
-			})
-		})
+		var t callTotals
+		if err := getJSON(tx.Bucket(bMeta), kUsage, &t, "usage totals"); err != nil {
+			return err
+		}
+		u.Calls, u.PromptIDs, u.CallBytes, u.JSONBytes = t.Calls, t.PromptIDs, t.CallBytes, t.JSONBytes
+		return tx.Bucket(bSessions).ForEachBucket(func([]byte) error { u.Sessions++; return nil })
 	})
 	if err != nil {
 		return u, err

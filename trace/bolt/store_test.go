@@ -601,7 +601,7 @@ func TestPrefixByReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer s.Close()
+	defer func() { s.Close() }()
 	if err := s.CreateSession(trace.Session{ID: "s"}, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -634,6 +634,14 @@ func TestPrefixByReference(t *testing.T) {
 	}
 	if u.Calls != 40 || u.Sessions != 1 || u.PromptIDs != int64(sumPrompt) || u.CallBytes != int64(total) || u.FileBytes != fi.Size() || u.DiskBytes <= 0 {
 		t.Fatalf("Usage = %+v, want 40 calls, %d prompt ids, %d call bytes, file %d B", u, sumPrompt, total, fi.Size())
+	}
+	// A store written before the totals were kept counts them once at open.
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(kUsage) }); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, dir)
+	if again, err := s.Usage(); err != nil || again.Calls != u.Calls || again.PromptIDs != u.PromptIDs || again.CallBytes != u.CallBytes || again.JSONBytes != u.JSONBytes {
+		t.Fatalf("Usage after a recount = %+v %v, want %+v", again, err, u)
 	}
 	rawPrompt := 4 * sumPrompt // int32 prompts stored in full
 	t.Logf("Σ prompt tokens %d (%d B as int32), distinct tokens %d; encoded calls %d B (%.2f B/distinct token, %.1f%% of full prompts); file %d B",
@@ -744,4 +752,38 @@ func TestFormatRefusal(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
+}
+
+// TestUsageSeparatesTheRecordedJSON: a call's recorded request and answer are counted as
+// JSON bytes, its token data as the rest.
+func TestUsageSeparatesTheRecordedJSON(t *testing.T) {
+	ctx := context.Background()
+	usage := func(withJSON bool) Usage {
+		rng := rand.New(rand.NewPCG(5, 6)) // the same tokens either way
+		s := open(t, t.TempDir(), Options{})
+		defer s.Close()
+		if err := s.CreateSession(trace.Session{ID: "s"}, ""); err != nil {
+			t.Fatal(err)
+		}
+		c := call("s", toks(rng, 100), toks(rng, 20), rng)
+		if withJSON {
+			c.Request = json.RawMessage(`{"messages":[{"role":"user","content":"` + strings.Repeat("x", 500) + `"}]}`)
+			c.Response = json.RawMessage(`{"role":"assistant","content":"ok"}`)
+		}
+		if err := s.Record(ctx, &c); err != nil {
+			t.Fatal(err)
+		}
+		u, err := s.Usage()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	plain, rich := usage(false), usage(true)
+	if plain.JSONBytes != 3 { // three empty blob tags
+		t.Fatalf("a call without JSON: %d JSON bytes", plain.JSONBytes)
+	}
+	if rich.JSONBytes-plain.JSONBytes != rich.CallBytes-plain.CallBytes || rich.JSONBytes < 500 {
+		t.Fatalf("with JSON %+v, without %+v: the difference is not all JSON", rich, plain)
+	}
 }
