@@ -569,7 +569,13 @@ func (v *VLLM) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp, err := v.post(ctx, "/tokenize", body)
+	return tokenCount(ctx, v.client(), v.BaseURL, "/tokenize", body, upstreamError)
+}
+
+// tokenCount posts a tokenize request (vLLM's /tokenize, SGLang's /v1/tokenize: both answer
+// {"count": n, ...}) and returns the count.
+func tokenCount(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *Error) (int, error) {
+	resp, err := postJSON(ctx, c, baseURL, path, body, mapErr)
 	if err != nil {
 		return 0, err
 	}
@@ -578,7 +584,7 @@ func (v *VLLM) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
 		Count *int `json:"count"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Count == nil {
-		return 0, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server's /tokenize answer has no count"}
+		return 0, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server's " + path + " answer has no count"}
 	}
 	return *out.Count, nil
 }

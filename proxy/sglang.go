@@ -332,18 +332,7 @@ func (s *SGLang) CountTokens(ctx context.Context, req *ChatRequest) (int, error)
 	if err != nil {
 		return 0, fmt.Errorf("encoding the tokenize request: %w", err)
 	}
-	resp, err := s.post(ctx, "/v1/tokenize", body)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Count *int `json:"count"`
-	}
-	if err := gojson.NewDecoder(resp.Body).Decode(&out); err != nil || out.Count == nil {
-		return 0, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "SGLang's /v1/tokenize answer has no count"}
-	}
-	return *out.Count, nil
+	return tokenCount(ctx, s.client(), s.BaseURL, "/v1/tokenize", body, sglangError)
 }
 
 func (s *SGLang) Models(ctx context.Context) ([]string, error) {

@@ -464,3 +464,42 @@ func TestMediumIsValid(t *testing.T) {
 	}
 	t.Logf("medium, 2 groups: %d calls, %d input tokens", st.Calls, st.InputTokens)
 }
+
+// TestParsePromptReadsWhatTheGeneratorRendered renders turns with the generator's own
+// template functions and reads them back.
+func TestParsePromptReadsWhatTheGeneratorRendered(t *testing.T) {
+	sys, task, out := []int32{10, 11}, []int32{12}, []int32{13, 14}
+	resp := []int32{tokThink, tokNewline, 20, tokNewline, tokThinkEnd, tokDoubleNewline, 21, 22,
+		tokToolCall, tokNewline, 23, tokNewline, tokToolCallEnd, tokImEnd}
+	var p []int32
+	p = appendTurn(p, tokSystem, sys)
+	p = appendTurn(p, tokUser, task)
+	p = append(append(appendAssistantHeader(p), resp...), tokNewline)
+	p = appendToolResult(p, out)
+	p = appendAssistantHeader(p)
+	turns, err := ParsePrompt(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Turn{
+		{Role: "system", Content: sys},
+		{Role: "user", Content: task},
+		{Role: "assistant", Assistant: Assistant{Reasoning: []int32{20}, Content: []int32{21, 22}, ToolArgs: []int32{23}, ToolCall: true}},
+		{Role: "tool", Content: out},
+	}
+	if !reflect.DeepEqual(turns, want) {
+		t.Fatalf("turns\n got %+v\nwant %+v", turns, want)
+	}
+	if !reflect.DeepEqual(ParseAssistant(resp), want[2].Assistant) {
+		t.Fatalf("ParseAssistant(response) = %+v", ParseAssistant(resp))
+	}
+	for name, bad := range map[string][]int32{
+		"no header":    appendTurn(nil, tokSystem, sys),
+		"not a turn":   {10, 11},
+		"unknown role": append(appendTurn(nil, 99, sys), tokImStart, tokAssistant, tokNewline),
+	} {
+		if _, err := ParsePrompt(bad); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -101,24 +102,6 @@ func (c Call) Body(model string) ([]byte, error) {
 	})
 }
 
-// Template token ids of the synthetic corpus (Qwen's), which FromCorpus reads its
-// ChatML token sequences back into messages with.
-const (
-	tokNewline       int32 = 198
-	tokDoubleNewline int32 = 271
-	tokUser          int32 = 872
-	tokSystem        int32 = 8948
-	tokAssistant     int32 = 77091
-	tokImStart       int32 = 151_644
-	tokImEnd         int32 = 151_645
-	tokToolCall      int32 = 151_657
-	tokToolCallEnd   int32 = 151_658
-	tokToolResponse  int32 = 151_665
-	tokToolRespEnd   int32 = 151_666
-	tokThink         int32 = 151_667
-	tokThinkEnd      int32 = 151_668
-)
-
 // FromCorpus turns the synthetic corpus's token-level sessions into conversations the
 // reference server can replay. Every content token becomes a word (id mod the word list),
 // so a turn keeps its length in tokens within the reference tokenizer's merges, and every
@@ -148,7 +131,7 @@ func FromCorpus(groups []trace.Group) ([]Session, error) {
 					return nil, fmt.Errorf("group %s session %d (%s) call %d: %w", g.ID, si, s.ID, c.Index, err)
 				}
 				tagMessages(msgs, rs.Tag)
-				out := outputOf(c.ResponseIDs)
+				out := output(corpus.ParseAssistant(c.ResponseIDs))
 				max := len(c.ResponseIDs) + 64
 				if c.FinishReason == "length" {
 					out.Finish, max = "length", len(c.ResponseIDs)
@@ -177,43 +160,19 @@ func tagMessages(msgs []Message, tag string) {
 	}
 }
 
-// promptMessages reads a ChatML prompt (ending in the assistant header) as messages.
+// promptMessages reads a corpus prompt as messages; a tool message answers the latest
+// tool call.
 func promptMessages(ids []int32) ([]Message, error) {
-	var msgs []Message
-	calls := 0 // tool calls so far: a tool message answers the latest
-	i := 0
-	for i < len(ids) {
-		if ids[i] != tokImStart || i+2 >= len(ids) {
-			return nil, fmt.Errorf("token %d: want <|im_start|> role newline, got id %d", i, ids[i])
-		}
-		role := ids[i+1]
-		i += 3 // <|im_start|> role \n
-		end := i
-		for end < len(ids) && ids[end] != tokImEnd {
-			end++
-		}
-		if end == len(ids) { // the open assistant header the model completes
-			if role != tokAssistant || end != i {
-				return nil, fmt.Errorf("prompt does not end in the assistant header")
-			}
-			break
-		}
-		body := ids[i:end]
-		i = end + 1
-		if i < len(ids) && ids[i] == tokNewline {
-			i++
-		}
-		switch role {
-		case tokSystem:
-			msgs = append(msgs, Message{Role: "system", Content: words(body)})
-		case tokUser:
-			if len(body) > 0 && body[0] == tokToolResponse && calls > 0 {
-				msgs = append(msgs, Message{Role: "tool", ToolCallID: fmt.Sprintf("call_%d", calls), Content: words(body)})
-				continue
-			}
-			msgs = append(msgs, Message{Role: "user", Content: words(body)})
-		case tokAssistant:
-			o := outputOf(body)
+	turns, err := corpus.ParsePrompt(ids)
+	if err != nil {
+		return nil, err
+	}
+	msgs := make([]Message, 0, len(turns))
+	calls := 0
+	for _, t := range turns {
+		switch {
+		case t.Role == "assistant":
+			o := output(t.Assistant)
 			m := Message{Role: "assistant", Content: o.Content, ReasoningContent: o.Reasoning}
 			for _, tc := range o.ToolCalls {
 				calls++
@@ -221,68 +180,32 @@ func promptMessages(ids []int32) ([]Message, error) {
 					Function: FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
 			}
 			msgs = append(msgs, m)
+		case t.Role == "tool" && calls > 0:
+			msgs = append(msgs, Message{Role: "tool", ToolCallID: fmt.Sprintf("call_%d", calls), Content: words(t.Content)})
+		case t.Role == "tool": // no call to answer: the harness's words as a user turn
+			msgs = append(msgs, Message{Role: "user", Content: words(t.Content)})
 		default:
-			return nil, fmt.Errorf("unknown role id %d", role)
+			msgs = append(msgs, Message{Role: t.Role, Content: words(t.Content)})
 		}
 	}
 	return msgs, nil
 }
 
-// outputOf reads an assistant turn's tokens: [<think> reasoning </think>] content
-// [<tool_call> args </tool_call>] [<|im_end|>].
-func outputOf(ids []int32) Output {
-	var o Output
-	var content, args []int32
-	mode := 0 // 0 content, 1 reasoning, 2 tool call args
-	for _, id := range ids {
-		switch id {
-		case tokThink:
-			mode = 1
-		case tokThinkEnd:
-			mode = 0
-		case tokToolCall:
-			mode = 2
-		case tokToolCallEnd:
-			mode = 0
-		case tokImEnd:
-		default:
-			switch mode {
-			case 1:
-				o.Reasoning += sep(o.Reasoning) + word(id)
-			case 2:
-				args = append(args, id)
-			default:
-				content = append(content, id)
-			}
-		}
-	}
-	o.Content = words(content)
-	if mode == 2 || len(args) > 0 {
-		a, _ := json.Marshal(map[string]string{"cmd": words(args)})
-		o.ToolCalls = []ScriptedCall{{Name: replayTool, Arguments: string(a)}}
+// output is the scripted output an assistant turn or response stands for.
+func output(a corpus.Assistant) Output {
+	o := Output{Content: words(a.Content), Reasoning: words(a.Reasoning)}
+	if a.ToolCall {
+		args, _ := json.Marshal(map[string]string{"cmd": words(a.ToolArgs)})
+		o.ToolCalls = []ScriptedCall{{Name: replayTool, Arguments: string(args)}}
 	}
 	return o
 }
 
-func sep(s string) string {
-	if s == "" {
-		return ""
-	}
-	return " "
-}
-
-// words renders content tokens as words, dropping template tokens.
+// words renders content tokens as words.
 func words(ids []int32) string {
 	var b strings.Builder
-	for _, id := range ids {
-		switch id {
-		case tokNewline, tokDoubleNewline, tokUser, tokSystem, tokAssistant:
-			continue
-		}
-		if id >= 151_643 {
-			continue
-		}
-		if b.Len() > 0 {
+	for i, id := range ids {
+		if i > 0 {
 			b.WriteByte(' ')
 		}
 		b.WriteString(word(id))
