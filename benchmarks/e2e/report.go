@@ -101,8 +101,11 @@ type Summary struct {
 	RowsRatio, AttnRatio, TrainRatio float64
 }
 
-// Summarize reduces each run to its Summary, ratios taken against the per_request run.
+// Summarize reduces each run to its Summary, in strategy order (per_request, prefix_merging,
+// tree), ratios taken against the per_request run.
 func Summarize(runs []Run) []Summary {
+	runs = slices.Clone(runs)
+	sortRuns(runs) // per_request first: the others are measured against it
 	out := make([]Summary, len(runs))
 	for i, r := range runs {
 		out[i] = summarize(r)
