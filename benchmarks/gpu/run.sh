@@ -30,6 +30,7 @@ fi
 export FLOE_BIN="$PWD/bin/floe"
 
 step() { echo "== $*" | tee -a "$LOG"; }
+command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: this script is for a machine with an NVIDIA GPU" >&2; exit 1; }
 
 step "GPU"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
