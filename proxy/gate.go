@@ -10,6 +10,10 @@ import (
 // in Enter) and waits for those in flight; Resume releases the waiting calls under a new
 // policy version, which every call made after it records.
 type Gate struct {
+	// Persist, when set, records a new policy version durably before Resume applies it;
+	// if it fails, Resume fails and the gate stays as it was.
+	Persist func(version int64) error
+
 	mu       sync.Mutex
 	paused   bool
 	version  int64
@@ -88,6 +92,11 @@ func (g *Gate) Resume(v int64) error {
 	defer g.mu.Unlock()
 	if v < g.version {
 		return fmt.Errorf("policy version %d is older than the current %d", v, g.version)
+	}
+	if g.Persist != nil && v != g.version {
+		if err := g.Persist(v); err != nil {
+			return fmt.Errorf("recording policy version %d: %w", v, err)
+		}
 	}
 	g.paused, g.version = false, v
 	g.notify()

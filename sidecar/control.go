@@ -17,7 +17,9 @@ import (
 type TrainerControl struct {
 	Log *slog.Logger
 	// Gate, when set, is the proxy's: pause holds new upstream calls and waits for those
-	// in flight.
+	// in flight. It holds the paused state and the policy version, whoever changed them
+	// (the Flight actions here, or the control API); without one, TrainerControl keeps
+	// its own.
 	Gate *proxy.Gate
 	// OnReport, when set, is called with every accepted report (floe serve: metrics,
 	// trainer PIDs for the GPU monitor, the step's end and the token budget).
@@ -27,9 +29,20 @@ type TrainerControl struct {
 	StatusFields func() map[string]any
 
 	mu      sync.Mutex
-	paused  bool
-	version int64
+	own     *proxy.Gate // when Gate is nil
 	reports map[int]arrowflight.Report
+}
+
+func (c *TrainerControl) gate() *proxy.Gate {
+	if c.Gate != nil {
+		return c.Gate
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.own == nil {
+		c.own = &proxy.Gate{}
+	}
+	return c.own
 }
 
 var (
@@ -38,30 +51,18 @@ var (
 )
 
 func (c *TrainerControl) Pause(ctx context.Context) (int64, error) {
-	if c.Gate != nil {
-		if _, err := c.Gate.Pause(ctx); err != nil {
-			return 0, err
-		}
+	v, err := c.gate().Pause(ctx)
+	if err != nil {
+		return 0, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.paused = true
-	c.logger().Info("rollouts paused", "policy_version", c.version)
-	return c.version, nil
+	c.logger().Info("rollouts paused", "policy_version", v)
+	return v, nil
 }
 
 func (c *TrainerControl) Resume(_ context.Context, v int64) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if v < c.version {
-		return fmt.Errorf("policy version %d is older than the current %d", v, c.version)
+	if err := c.gate().Resume(v); err != nil {
+		return err
 	}
-	if c.Gate != nil {
-		if err := c.Gate.Resume(v); err != nil {
-			return err
-		}
-	}
-	c.paused, c.version = false, v
 	c.logger().Info("rollouts resumed", "policy_version", v)
 	return nil
 }
@@ -115,15 +116,13 @@ func (c *TrainerControl) Reports() map[int]arrowflight.Report {
 }
 
 func (c *TrainerControl) Paused() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.paused
+	paused, _, _ := c.gate().State()
+	return paused
 }
 
 func (c *TrainerControl) PolicyVersion() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.version
+	_, v, _ := c.gate().State()
+	return v
 }
 
 func (c *TrainerControl) logger() *slog.Logger {

@@ -41,7 +41,9 @@ type Config struct {
 	DropFailed bool
 	// GroupTimeout ends a group this long after its first session was created: its
 	// running sessions finish as timeout (reward 0) and the group is complete with the
-	// sessions it has (min_group_size still applies). 0: groups wait for ever.
+	// sessions it has (min_group_size still applies). 0 (default): groups wait for ever;
+	// an open group holds back no other group's step, and agent rollouts have no
+	// duration floe could guess.
 	GroupTimeout time.Duration
 	// MaxStaleness is how many policy versions a call may lag the current one (the
 	// version of the last resume) and still be trained on; older calls stay in their
@@ -71,7 +73,7 @@ func DefaultConfig() Config {
 	return Config{
 		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
-		GroupsPerStep: 1, StepsAhead: 2, GroupTimeout: time.Hour, MaxStaleness: -1,
+		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 	}
 }
@@ -122,6 +124,9 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
 		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
 	}
+	if cfg.Engine == "" {
+		cfg.Engine = "vllm"
+	}
 	engine, err := proxy.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
 	if err != nil {
 		return err
@@ -167,7 +172,16 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
 	steps.observer = cfg.Observer
 
+	// Rollouts go on under the policy version the trainer last resumed them with.
+	version, err := store.PolicyVersion()
+	if err != nil {
+		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
 	gate := &proxy.Gate{}
+	if err := gate.Resume(version); err != nil {
+		return err
+	}
+	gate.Persist = store.SetPolicyVersion
 	mem := memory.NewGoAllocator()
 	wake := make(chan struct{}, 1)
 	poke := func() {
@@ -345,7 +359,12 @@ func (f *stepFormer) timeOutGroups() error {
 		return fmt.Errorf("listing groups: %w", err)
 	}
 	for _, g := range gs {
-		if g.Dropped || g.TimedOut || g.Step >= 0 || g.Complete() || time.Since(g.Created) < f.cfg.GroupTimeout {
+		if g.Dropped || g.Step >= 0 || g.Complete() {
+			continue
+		}
+		// A group already timed out with a session still running was cut short (a crash
+		// between its two writes): finish the job.
+		if !g.TimedOut && time.Since(g.Created) < f.cfg.GroupTimeout {
 			continue
 		}
 		ended, err := f.store.TimeOutGroup(g.ID)
@@ -355,7 +374,9 @@ func (f *stepFormer) timeOutGroups() error {
 		for range ended {
 			f.metrics.sessionFinished(trace.StatusTimeout)
 		}
-		f.metrics.groupTimedOut()
+		if !g.TimedOut {
+			f.metrics.groupTimedOut()
+		}
 		f.log.Warn("group timed out", "group", g.ID, "age", time.Since(g.Created).Round(time.Second),
 			"sessions", g.Sessions, "finished_before", g.Finished, "size", g.Size, "sessions_timed_out", len(ended))
 	}
@@ -387,18 +408,14 @@ func (f *stepFormer) put(ctx context.Context, rec bolt.StepRecord, fresh bool) e
 		if err != nil {
 			return fmt.Errorf("step %d: group %s: %w", n, id, err)
 		}
-		g, stale := f.usable(g, rec.MinPolicyVersion)
+		g, stale := f.cfg.usable(g, rec.MinPolicyVersion)
 		if fresh && stale > 0 {
 			f.metrics.staleCalls(stale)
 			f.log.Info("stale calls not trained", "group", id, "calls", stale, "min_policy_version", rec.MinPolicyVersion)
 		}
-		if fresh && len(g.Sessions) < f.cfg.MinGroupSize {
-			f.drop(id, fmt.Sprintf("%d usable sessions, fewer than the minimum %d", len(g.Sessions), f.cfg.MinGroupSize))
-			continue
-		}
 		if fresh {
-			if _, err := batcher.FormStep(n, []trace.Group{g}, bc); err != nil {
-				f.drop(id, err.Error())
+			if reason := f.cfg.untrainable(n, g, bc); reason != "" {
+				f.drop(id, reason)
 				continue
 			}
 		}
@@ -442,13 +459,13 @@ func (f *stepFormer) put(ctx context.Context, rec bolt.StepRecord, fresh bool) e
 // usable applies the failed-session policy and the staleness cut-off: calls sampled by a
 // policy older than minVersion stay as context with no loss. It returns how many
 // trainable calls were stale.
-func (f *stepFormer) usable(g trace.Group, minVersion int64) (trace.Group, int) {
+func (cfg Config) usable(g trace.Group, minVersion int64) (trace.Group, int) {
 	out := g
 	out.Sessions = nil
 	stale := 0
 	for _, s := range g.Sessions {
 		if s.Status == trace.StatusFailed || s.Status == trace.StatusTimeout {
-			if f.cfg.DropFailed {
+			if cfg.DropFailed {
 				continue
 			}
 			for i := range s.Calls {
@@ -466,6 +483,44 @@ func (f *stepFormer) usable(g trace.Group, minVersion int64) (trace.Group, int) 
 		out.Sessions = append(out.Sessions, s)
 	}
 	return out, stale
+}
+
+// untrainable says why a usable group cannot go into a step (too few usable sessions,
+// nothing to train, a path longer than the budget), or "" when it can.
+func (cfg Config) untrainable(n int64, g trace.Group, bc batcher.Config) string {
+	if len(g.Sessions) < cfg.MinGroupSize {
+		return fmt.Sprintf("%d usable sessions, fewer than the minimum %d", len(g.Sessions), cfg.MinGroupSize)
+	}
+	if _, err := batcher.FormStep(n, []trace.Group{g}, bc); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// FormableSteps is how many new steps floe serve with cfg (its fixed token budget, no
+// staleness cut-off) would form from the complete groups of the store, as its step former
+// does: groups in order, GroupsPerStep at a time, an untrainable group dropped from its
+// step, and a step left with no group not formed. For benchmarks that must tell a trainer
+// how many steps to expect.
+func FormableSteps(store *bolt.Store, cfg Config) (int, error) {
+	ids, err := store.FinishedGroups()
+	if err != nil {
+		return 0, err
+	}
+	steps := 0
+	for ; len(ids) >= cfg.GroupsPerStep; ids = ids[cfg.GroupsPerStep:] {
+		for _, id := range ids[:cfg.GroupsPerStep] {
+			g, err := store.Group(id)
+			if err != nil {
+				return 0, fmt.Errorf("group %s: %w", id, err)
+			}
+			if g, _ = cfg.usable(g, 0); cfg.untrainable(int64(steps), g, cfg.Batcher) == "" {
+				steps++
+				break
+			}
+		}
+	}
+	return steps, nil
 }
 
 func (f *stepFormer) drop(id, reason string) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/internal/fakevllm"
+	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // fakeUpstream is a fake vLLM for the test's lifetime.
@@ -452,5 +453,76 @@ func TestServeGroupTimeoutAndStaleness(t *testing.T) {
 	r.fetch(1)
 	if v := metric(r.metrics(), "floe_calls_stale_total"); v != 2 {
 		t.Fatalf("floe_calls_stale_total = %v, want the old session's 2 calls", v)
+	}
+}
+
+// serveUntil runs Serve in-process until stop is called (which waits for it to return).
+func serveUntil(t *testing.T, cfg Config) (Addrs, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan Addrs, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(a Addrs) { addrs <- a })
+	}()
+	select {
+	case a := <-addrs:
+		return a, func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		}
+	case err := <-done:
+		cancel()
+		t.Fatalf("Serve: %v", err)
+		return Addrs{}, nil
+	}
+}
+
+// TestFormableStepsAgreesWithTheStepFormer records six groups (two whose sessions all
+// failed) without forming steps, counts the steps FormableSteps expects, then lets floe
+// serve form them: the counts agree. It also checks that the policy version of the last
+// resume survives the restart.
+func TestFormableStepsAgreesWithTheStepFormer(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.GroupsPerStep = 1 << 30 // record only
+	a, stop := serveUntil(t, cfg)
+	r := &running{t: t, proxy: a.Proxy}
+	for g := range 6 {
+		status := "completed"
+		if g == 2 || g == 3 {
+			status = "failed"
+		}
+		for i := range 2 {
+			s := r.post("/floe/v1/sessions", "", fmt.Sprintf(`{"task_id": "t%d", "group_id": "g%d"}`, g, g), 200)
+			r.post("/v1/chat/completions", s["api_key"].(string), fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":"g%d s%d"}]}`, g, i), 200)
+			r.post("/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": %q}`, i, status), 200)
+		}
+	}
+	r.post("/floe/v1/pause", "", `{}`, 200)
+	r.post("/floe/v1/resume", "", `{"policy_version": 4}`, 200)
+	stop()
+
+	cfg.GroupsPerStep, cfg.StepsAhead = 2, 10
+	st, err := bolt.New(cfg.DataDir, bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := FormableSteps(st, cfg)
+	st.Close()
+	if err != nil || want != 2 {
+		t.Fatalf("FormableSteps = %d %v; want 2 ([g0 g1], [g4 g5]; [g2 g3] has nothing to train)", want, err)
+	}
+	r = startServe(t, cfg)
+	waitFor(t, "every complete group formed or dropped", func() bool {
+		m := r.metrics()
+		return metric(m, `floe_groups{state="complete"}`) == 0 && metric(m, `floe_groups{state="dropped"}`) == 2
+	})
+	if got := metric(r.metrics(), `floe_steps_formed_total{recovered="false"}`); got != float64(want) {
+		t.Fatalf("floe formed %v steps, FormableSteps said %d", got, want)
+	}
+	if v := r.action("status", `{}`)["policy_version"]; v != 4.0 {
+		t.Fatalf("policy version after a restart: %v, want 4", v)
 	}
 }

@@ -29,8 +29,9 @@ type Recorder struct {
 
 // NewRecorder starts a timeline at start; mon may be nil.
 func NewRecorder(start time.Time, mon *gpu.Monitor) *Recorder {
+	// lastGPU starts at start: a monitor shared with an earlier run holds its samples.
 	return &Recorder{Start: start, Monitor: mon, now: time.Now, steps: map[int64]*Step{},
-		committed: map[int64]float64{}, pids: map[int]int32{}}
+		committed: map[int64]float64{}, pids: map[int]int32{}, lastGPU: start}
 }
 
 func (r *Recorder) since(t time.Time) float64 { return t.Sub(r.Start).Seconds() }

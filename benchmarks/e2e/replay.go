@@ -30,6 +30,9 @@ type Call struct {
 	Messages []Message `json:"messages"`
 	// Tools is the request's tools field; nil: the one tool corpus replays offer.
 	Tools json.RawMessage `json:"tools,omitempty"`
+	// ToolChoice and ChatTemplateKwargs are the recorded request's, sent when set.
+	ToolChoice         json.RawMessage `json:"tool_choice,omitempty"`
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs,omitempty"`
 	// MaxTokens bounds the answer; an Output with Finish "length" is cut at it.
 	MaxTokens int    `json:"max_tokens"`
 	Output    Output `json:"output"`
@@ -97,9 +100,14 @@ func (c Call) Body(model string) ([]byte, error) {
 	if c.Tools != nil {
 		t = c.Tools
 	}
-	return json.Marshal(map[string]any{
-		"model": model, "messages": c.Messages, "tools": t, "max_tokens": c.MaxTokens, "temperature": 1.0,
-	})
+	body := map[string]any{"model": model, "messages": c.Messages, "tools": t, "max_tokens": c.MaxTokens, "temperature": 1.0}
+	if c.ToolChoice != nil {
+		body["tool_choice"] = c.ToolChoice
+	}
+	if c.ChatTemplateKwargs != nil {
+		body["chat_template_kwargs"] = c.ChatTemplateKwargs
+	}
+	return json.Marshal(body)
 }
 
 // FromCorpus turns the synthetic corpus's token-level sessions into conversations the
@@ -132,11 +140,11 @@ func FromCorpus(groups []trace.Group) ([]Session, error) {
 				}
 				tagMessages(msgs, rs.Tag)
 				out := output(corpus.ParseAssistant(c.ResponseIDs))
-				max := len(c.ResponseIDs) + 64
+				limit := len(c.ResponseIDs) + 64
 				if c.FinishReason == "length" {
-					out.Finish, max = "length", len(c.ResponseIDs)
+					out.Finish, limit = "length", len(c.ResponseIDs)
 				}
-				rs.Calls = append(rs.Calls, Call{Messages: msgs, MaxTokens: max, Output: out})
+				rs.Calls = append(rs.Calls, Call{Messages: msgs, MaxTokens: limit, Output: out})
 			}
 			if len(rs.Calls) > 0 {
 				out = append(out, rs)

@@ -15,7 +15,7 @@ import (
 // request or answer (recorded by an older floe, or aborted) end the session's replay
 // there. The session's tag is added to its first user message.
 func FromStore(dir string) ([]Session, error) {
-	st, err := bolt.New(dir, bolt.Options{})
+	st, err := bolt.New(dir, bolt.Options{ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -67,9 +67,11 @@ func recordedCall(c trace.Call) (Call, bool, error) {
 		return Call{}, false, nil
 	}
 	var req struct {
-		Messages  []recordedMessage `json:"messages"`
-		Tools     json.RawMessage   `json:"tools"`
-		MaxTokens int               `json:"max_tokens"`
+		Messages           []recordedMessage `json:"messages"`
+		Tools              json.RawMessage   `json:"tools"`
+		ToolChoice         json.RawMessage   `json:"tool_choice"`
+		ChatTemplateKwargs json.RawMessage   `json:"chat_template_kwargs"`
+		MaxTokens          int               `json:"max_tokens"`
 	}
 	if err := json.Unmarshal(c.UpstreamRequest, &req); err != nil {
 		return Call{}, false, fmt.Errorf("upstream request: %w", err)
@@ -78,9 +80,10 @@ func recordedCall(c trace.Call) (Call, bool, error) {
 	if err := json.Unmarshal(c.Response, &ans); err != nil {
 		return Call{}, false, fmt.Errorf("recorded answer: %w", err)
 	}
-	call := Call{Tools: req.Tools, MaxTokens: max(req.MaxTokens, len(c.ResponseIDs)+64)}
-	if string(req.Tools) == "null" {
-		call.Tools = json.RawMessage("[]")
+	call := Call{Tools: req.Tools, ToolChoice: req.ToolChoice, ChatTemplateKwargs: req.ChatTemplateKwargs,
+		MaxTokens: max(req.MaxTokens, len(c.ResponseIDs)+64)}
+	if len(req.Tools) == 0 || string(req.Tools) == "null" {
+		call.Tools = json.RawMessage("[]") // a request without tools is replayed without them
 	}
 	for _, m := range req.Messages {
 		call.Messages = append(call.Messages, m.message())

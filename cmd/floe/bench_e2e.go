@@ -25,7 +25,6 @@ import (
 	"github.com/floe-rl/floe/benchmarks/e2e"
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/sidecar"
-	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -62,7 +61,7 @@ type benchE2E struct {
 	stderr                io.Writer
 	gpuLib                gpu.Lib
 	refserverArgs         []string
-	stepsExpected, calls  int
+	calls                 int
 	sessions, replayCalls int
 }
 
@@ -156,16 +155,11 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	if err := b.replay(ctx, sessions, recorded); err != nil {
 		return fmt.Errorf("replay: %w", err)
 	}
-	if b.stepsExpected, err = formableSteps(recorded, b.perStep); err != nil {
-		return err
-	}
-	if b.stepsExpected == 0 {
-		return fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", b.perStep)
-	}
 	mon := gpu.NewMonitor(b.lib(), gpu.MonitorConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	mctx, stopMon := context.WithCancel(ctx)
-	defer stopMon()
-	go mon.Run(mctx) //nolint:errcheck // ends with mctx
+	monDone := make(chan struct{})
+	go func() { defer close(monDone); _ = mon.Run(mctx) }() // ends with mctx
+	defer func() { stopMon(); <-monDone }()
 	setup := e2e.Setup{Machine: e2eMachine(mon), Device: b.device, Model: b.modelDesc(), Corpus: corpusDesc, Seed: b.seed,
 		Command: b.command, Calls: b.calls, Sessions: b.sessions, TokenBudget: b.budget, DPSize: 1}
 	if err := os.MkdirAll(filepath.Join(b.out, "runs"), 0o755); err != nil {
@@ -272,55 +266,6 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 	return nil
 }
 
-// formableSteps counts the steps floe will form from the recorded groups, as its step
-// former does: complete groups in order, groupsPerStep at a time; a group with nothing to
-// train (every session failed) is dropped from its step, and a step left with no group is
-// not formed.
-func formableSteps(dataDir string, groupsPerStep int) (int, error) {
-	st, err := bolt.New(dataDir, bolt.Options{})
-	if err != nil {
-		return 0, err
-	}
-	defer st.Close()
-	ids, err := st.FinishedGroups()
-	if err != nil {
-		return 0, err
-	}
-	steps := 0
-	for len(ids) >= groupsPerStep {
-		chunk := ids[:groupsPerStep]
-		ids = ids[groupsPerStep:]
-		kept := 0
-		for _, id := range chunk {
-			g, err := st.Group(id)
-			if err != nil {
-				return 0, err
-			}
-			if trainable(g) {
-				kept++
-			}
-		}
-		if kept > 0 { // floe drops the others and forms the step without them
-			steps++
-		}
-	}
-	return steps, nil
-}
-
-func trainable(g trace.Group) bool {
-	for _, s := range g.Sessions {
-		if s.Status != trace.StatusCompleted {
-			continue
-		}
-		for _, c := range s.Calls {
-			if c.Trainable {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // train runs one strategy: a floe on a copy of the recorded data dir, the trainer for
 // every formable step, the timeline recorded.
 func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded string, mon *gpu.Monitor, setup e2e.Setup) (e2e.Run, error) {
@@ -328,12 +273,19 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	if err := copyDir(recorded, dir); err != nil {
 		return e2e.Run{}, err
 	}
-	rec := e2e.NewRecorder(time.Now(), mon)
 	cfg := sidecar.DefaultConfig()
 	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream = "http://127.0.0.1:1" // no call is made: the groups are recorded
 	cfg.Batcher.Strategy, cfg.Batcher.TokenBudget, cfg.Batcher.PadMultiple = st, b.budget, b.pad
-	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.GroupTimeout = b.perStep, 1, 0
+	cfg.GroupsPerStep, cfg.MinGroupSize = b.perStep, 1
+	steps, err := formableSteps(dir, cfg)
+	if err != nil {
+		return e2e.Run{}, err
+	}
+	if steps == 0 {
+		return e2e.Run{}, fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", b.perStep)
+	}
+	rec := e2e.NewRecorder(time.Now(), mon)
 	cfg.GPU, cfg.Observer = b.lib(), rec
 	ctx, cancel := context.WithTimeout(ctx, b.runTimeout)
 	defer cancel()
@@ -343,35 +295,55 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	}
 	defer f.stop()
 
+	// The trainer's run ends the GPU sampling and the watch on floe; floe stopping first
+	// ends the run.
 	p := pool.New().WithContext(ctx).WithCancelOnError()
-	gctx, stopGPU := context.WithCancel(ctx)
-	p.Go(func(context.Context) error { return rec.SampleGPU(gctx, time.Second) })
+	tctx, trained := context.WithCancel(ctx)
+	p.Go(func(context.Context) error { return rec.SampleGPU(tctx, time.Second) })
+	p.Go(func(context.Context) error {
+		select {
+		case <-f.done:
+			return fmt.Errorf("floe stopped during training: %v (log: %s)", f.err, f.log)
+		case <-tctx.Done():
+			return nil
+		}
+	})
 	p.Go(func(ctx context.Context) error {
-		defer stopGPU()
-		return b.runTrainer(ctx, st, f.addrs.Flight)
+		defer trained()
+		return b.runTrainer(ctx, st, f.addrs.Flight, steps)
 	})
 	if err := p.Wait(); err != nil {
 		return e2e.Run{}, err
 	}
 	run := rec.Run(b.name, string(st), setup)
-	if len(run.Steps) != b.stepsExpected {
-		return run, fmt.Errorf("the trainer reported on %d steps, floe could form %d", len(run.Steps), b.stepsExpected)
+	if len(run.Steps) != steps {
+		return run, fmt.Errorf("the trainer reported on %d steps, floe could form %d", len(run.Steps), steps)
 	}
 	return run, nil
 }
 
-// runTrainer runs the trainer for the expected steps and shows its step lines.
-func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location string) error {
-	args := append([]string{b.trainer, "--location", location, "--steps", strconv.Itoa(b.stepsExpected),
+// formableSteps counts the steps floe with cfg will form from the data dir's groups.
+func formableSteps(dir string, cfg sidecar.Config) (int, error) {
+	st, err := bolt.New(dir, bolt.Options{ReadOnly: true})
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	return sidecar.FormableSteps(st, cfg)
+}
+
+// runTrainer runs the trainer for steps and shows its step lines.
+func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location string, steps int) error {
+	args := append([]string{b.trainer, "--location", location, "--steps", strconv.Itoa(steps),
 		"--vocab", strconv.Itoa(b.vocab), "--device", b.device, "--timeout", "600"}, b.trainerArgs...)
-	cmd := exec.CommandContext(ctx, b.python, args...)
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
 	logf, err := os.Create(filepath.Join(b.work, string(st)+"-trainer.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
+	cmd := exec.CommandContext(ctx, b.python, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -381,21 +353,27 @@ func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location
 		return fmt.Errorf("starting the trainer: %w", err)
 	}
 	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
 		fmt.Fprintln(logf, sc.Text())
 		if strings.HasPrefix(sc.Text(), "step ") {
-			b.progress("%s: %s (of %d)", st, sc.Text(), b.stepsExpected)
+			b.progress("%s: %s (of %d)", st, sc.Text(), steps)
 		}
 	}
+	_, _ = io.Copy(logf, out) // whatever the scanner could not take, so the trainer never blocks on its pipe
 	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("trainer: %w (log: %s)", err, logf.Name())
 	}
 	return nil
 }
 
-// floeRun is an in-process floe serve.
+// floeRun is an in-process floe serve. done is closed when Serve returns, with its
+// error in err.
 type floeRun struct {
 	addrs sidecar.Addrs
+	log   string
+	done  chan struct{}
+	err   error
 	stop  func()
 }
 
@@ -405,24 +383,29 @@ func (b *benchE2E) startFloe(ctx context.Context, cfg sidecar.Config, name strin
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	f := &floeRun{log: logf.Name(), done: make(chan struct{})}
 	addrs := make(chan sidecar.Addrs, 1)
-	done := make(chan error, 1)
 	go func() {
-		done <- sidecar.Serve(ctx, cfg, slog.New(slog.NewTextHandler(logf, nil)), func(a sidecar.Addrs) { addrs <- a })
+		defer close(f.done)
+		f.err = sidecar.Serve(ctx, cfg, slog.New(slog.NewTextHandler(logf, nil)), func(a sidecar.Addrs) { addrs <- a })
 	}()
-	select {
-	case a := <-addrs:
-		return &floeRun{addrs: a, stop: func() {
-			cancel()
-			if err := <-done; err != nil {
-				b.progress("floe (%s) stopped with: %v", name, err)
-			}
-			logf.Close()
-		}}, nil
-	case err := <-done:
+	f.stop = func() {
 		cancel()
+		<-f.done
+		if f.err != nil {
+			b.progress("floe (%s) stopped with: %v", name, f.err)
+		}
 		logf.Close()
-		return nil, fmt.Errorf("floe serve: %w", err)
+	}
+	select {
+	case f.addrs = <-addrs:
+		return f, nil
+	case <-f.done:
+		f.stop()
+		if f.err == nil {
+			return nil, fmt.Errorf("floe serve stopped before it was ready (log: %s)", f.log)
+		}
+		return nil, fmt.Errorf("floe serve: %w (log: %s)", f.err, f.log)
 	}
 }
 
@@ -435,6 +418,8 @@ type refServer struct {
 func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
 	args := append([]string{"-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}, b.refserverArgs...)
 	cmd := exec.Command(b.python, args...)
+	// Its own process group, so that stopping it stops anything it started too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logf, err := os.Create(filepath.Join(b.work, "refserver.log"))
 	if err != nil {
 		return nil, err
@@ -442,19 +427,21 @@ func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		logf.Close()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
+		logf.Close()
 		return nil, fmt.Errorf("starting the reference server (%s): %w", b.python, err)
 	}
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 		done := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
 		logf.Close()

@@ -66,7 +66,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&cfg.OpenSessions, "open-sessions", false, "let a call with an unknown key create its session")
 	fs.BoolVar(&cfg.DropFailed, "drop-failed", false, "drop failed and timed-out sessions from their group (default: keep them, training none of their tokens)")
 	fs.DurationVar(&cfg.GroupTimeout, "group-timeout", def.GroupTimeout,
-		"end a group this long after its first session started: running sessions finish as timeout with reward 0 (0: never)")
+		"end a group this long after its first session started: it closes, its running sessions finish as timeout with reward 0 (0: never; set it above your longest rollout)")
 	fs.Int64Var(&cfg.MaxStaleness, "max-staleness", def.MaxStaleness,
 		"train on a call only if its policy version lags the current one (the last resume) by at most this many versions; older calls are counted and kept as context (-1: no limit)")
 	pyro := fs.String("pyroscope", "", "profile continuously to this Pyroscope server URL (default: $"+pyroscopeEnv+"; empty: off)")

@@ -23,6 +23,10 @@ func (s *Store) write(fn func(*bolt.Tx) error) error {
 		s.wmu.RUnlock()
 		return ErrClosed
 	}
+	if s.opt.ReadOnly {
+		s.wmu.RUnlock()
+		return ErrReadOnly
+	}
 	switch s.opt.Commit {
 	case CommitUpdate:
 		defer s.wmu.RUnlock()

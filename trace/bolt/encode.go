@@ -91,7 +91,8 @@ type promptRef struct {
 	shared int
 }
 
-func encodeCall(c *trace.Call, pr promptRef, prevBlobs *[3][]byte) []byte {
+// encodeCall returns the call's value and how many of its bytes are the recorded JSON.
+func encodeCall(c *trace.Call, pr promptRef, prevBlobs *[3][]byte) (val []byte, jsonBytes int) {
 	e := encoder{b: make([]byte, 0, 64+3*(len(c.PromptIDs)-pr.shared+len(c.ResponseIDs))+4*len(c.Logprobs))}
 	e.varint(int64(c.Index))
 	e.varint(int64(c.Choice))
@@ -115,10 +116,11 @@ func encodeCall(c *trace.Call, pr promptRef, prevBlobs *[3][]byte) []byte {
 	for _, lp := range c.Logprobs {
 		e.b = binary.LittleEndian.AppendUint32(e.b, math.Float32bits(lp))
 	}
+	blobs := len(e.b)
 	e.blob(c.Request, prevBlobs[0])
 	e.blob(c.UpstreamRequest, prevBlobs[1])
 	e.blob(c.Response, prevBlobs[2])
-	return e.b
+	return e.b, len(e.b) - blobs
 }
 
 type decoder struct {

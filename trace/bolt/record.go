@@ -140,7 +140,7 @@ func (s *Store) Record(ctx context.Context, c *trace.Call) error {
 	saved := c.Index
 	c.Index = index
 	pr := sc.ref(c.PromptIDs)
-	val := encodeCall(c, pr, &sc.blobs)
+	val, jsonBytes := encodeCall(c, pr, &sc.blobs)
 	err := s.write(func(tx *bolt.Tx) error {
 		b, info, err := sessionBucket(tx, c.SessionID)
 		if err != nil {
@@ -155,7 +155,7 @@ func (s *Store) Record(ctx context.Context, c *trace.Call) error {
 		if err := b.Bucket(kCalls).Put(binary.BigEndian.AppendUint64(nil, uint64(seq)), val); err != nil {
 			return err
 		}
-		if err := addCall(tx, val, len(c.PromptIDs)); err != nil {
+		if err := addCall(tx, len(val), jsonBytes, len(c.PromptIDs)); err != nil {
 			return err
 		}
 		info.Stored, info.Next = seq+1, next

@@ -32,7 +32,11 @@ import (
 )
 
 // FormatVersion is the on-disk format this package writes and the newest it reads.
-const FormatVersion = 1
+// Version 2 added the usage totals, the policy version, a group's created/timed-out
+// fields and a step's staleness cut-off; a version 1 store is upgraded in place when
+// opened (after which an older floe refuses it rather than skip what it cannot keep
+// up to date).
+const FormatVersion = 2
 
 // FileName is the database file inside the data dir.
 const FileName = "floe.db"
@@ -58,6 +62,8 @@ var (
 	ErrCorrupt = errors.New("corrupt store")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("store closed")
+	// ErrReadOnly is returned by every write to a store opened with Options.ReadOnly.
+	ErrReadOnly = errors.New("store opened read-only")
 )
 
 // CommitMode is how writes reach disk. Every mode fsyncs before the write returns.
@@ -79,6 +85,9 @@ type Options struct {
 	Commit CommitMode
 	// LockTimeout bounds the wait for the file lock another process holds (default 2s).
 	LockTimeout time.Duration
+	// ReadOnly opens an existing store for reading (a shared lock, nothing written, an
+	// older format refused rather than upgraded); every write fails with ErrReadOnly.
+	ReadOnly bool
 }
 
 var (
@@ -92,6 +101,7 @@ var (
 	kCalls    = []byte("calls")
 	kMembers  = []byte("sessions")
 	kUsage    = []byte("usage")
+	kPolicy   = []byte("policy_version")
 )
 
 // Store is the durable trace store. Its methods are safe for concurrent use.
@@ -114,10 +124,14 @@ type Store struct {
 // that is not a valid bbolt database is refused with an error wrapping ErrFormat or
 // ErrCorrupt; the file is left as it is.
 func New(dir string, opt Options) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	path := filepath.Join(dir, FileName)
+	if opt.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("trace store: %w", err)
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("trace store: %w", err)
 	}
-	path := filepath.Join(dir, FileName)
 	if opt.LockTimeout <= 0 {
 		opt.LockTimeout = 2 * time.Second
 	}
@@ -126,7 +140,7 @@ func New(dir string, opt Options) (*Store, error) {
 		// wrote (bbolt writes its meta pages before Open returns), so refuse it.
 		return nil, fmt.Errorf("%w: %s is empty (0 bytes), not a floe store; move it away to start fresh", ErrCorrupt, path)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opt.LockTimeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opt.LockTimeout, ReadOnly: opt.ReadOnly})
 	if err != nil {
 		switch {
 		case errors.Is(err, berrors.ErrTimeout):
@@ -139,12 +153,12 @@ func New(dir string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("%w: %s is not a readable bbolt database (left untouched): %v", ErrCorrupt, path, err)
 		}
 	}
-	if err := initialise(db, path); err != nil {
+	if err := initialise(db, path, opt.ReadOnly); err != nil {
 		db.Close()
 		return nil, err
 	}
 	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}}
-	if opt.Commit == CommitGroup {
+	if opt.Commit == CommitGroup && !opt.ReadOnly {
 		s.writes = make(chan *writeReq, 256)
 		s.done = make(chan struct{})
 		go s.committer()
@@ -153,9 +167,16 @@ func New(dir string, opt Options) (*Store, error) {
 }
 
 // initialise checks the format of an existing store or writes the buckets of a new one.
-func initialise(db *bolt.DB, path string) error {
-	return db.Update(func(tx *bolt.Tx) error {
+func initialise(db *bolt.DB, path string, readOnly bool) error {
+	run := db.Update
+	if readOnly {
+		run = db.View
+	}
+	return run(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bMeta)
+		if meta == nil && readOnly {
+			return fmt.Errorf("%w: %s is not a floe store (no meta bucket)", ErrFormat, path)
+		}
 		if meta == nil {
 			empty := true
 			tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
@@ -180,7 +201,8 @@ func initialise(db *bolt.DB, path string) error {
 		if len(v) != 4 {
 			return fmt.Errorf("%w: %s has no readable format version", ErrCorrupt, path)
 		}
-		if got := binary.BigEndian.Uint32(v); got != FormatVersion {
+		got := binary.BigEndian.Uint32(v)
+		if got > FormatVersion || got == 0 {
 			return fmt.Errorf("%w: %s has format version %d; this floe reads format version %d (use the floe that wrote it, or a new data dir)",
 				ErrFormat, path, got, FormatVersion)
 		}
@@ -189,14 +211,23 @@ func initialise(db *bolt.DB, path string) error {
 				return fmt.Errorf("%w: %s lacks bucket %q", ErrCorrupt, path, b)
 			}
 		}
-		if meta.Get(kUsage) == nil { // written before the totals were kept
-			t, err := countCalls(tx)
-			if err != nil {
-				return err
-			}
-			return putJSON(meta, kUsage, t)
+		if got == FormatVersion {
+			return nil
 		}
-		return nil
+		if readOnly {
+			return fmt.Errorf("%w: %s has format version %d and is opened read-only: open it read-write once with this floe to upgrade it to %d",
+				ErrFormat, path, got, FormatVersion)
+		}
+		// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
+		// absent (zero) in old records.
+		t, err := countCalls(tx)
+		if err != nil {
+			return err
+		}
+		if err := putJSON(meta, kUsage, t); err != nil {
+			return err
+		}
+		return meta.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion))
 	})
 }
 
@@ -467,21 +498,33 @@ func (s *Store) DropGroup(id, reason string) error {
 	})
 }
 
-// TimeOutGroup ends group id at the group timeout: each of its running sessions finishes
-// with status timeout and reward 0, and the group is complete with the sessions it has.
-// It returns the sessions it finished. Calls recorded later in those sessions are refused.
-// Safe to repeat after a crash part way: finished sessions are left as they are.
+// TimeOutGroup ends group id at the group timeout. In one write the group is marked timed
+// out, which closes it to new sessions and makes it complete with the sessions it has,
+// whatever its size; then each of its running sessions finishes with status timeout and
+// reward 0 (calls recorded later in them are refused). It returns the sessions it
+// finished. Safe to repeat, after a crash part way too: finished sessions are left as
+// they are.
 func (s *Store) TimeOutGroup(id string) ([]string, error) {
-	var members []string
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, _, err := groupBucket(tx, id)
+	var running []string
+	err := s.write(func(tx *bolt.Tx) error {
+		running = running[:0] // fn may run again
+		b, gi, err := groupBucket(tx, id)
 		if err != nil {
 			return err
+		}
+		if gi.Step >= 0 || gi.Dropped {
+			return nil
+		}
+		if !gi.TimedOut {
+			gi.TimedOut = true
+			if err := putJSON(b, kInfo, gi); err != nil {
+				return err
+			}
 		}
 		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
 			_, info, err := sessionBucket(tx, string(sid))
 			if err == nil && info.Status == trace.StatusRunning {
-				members = append(members, string(sid))
+				running = append(running, string(sid))
 			}
 			return err
 		})
@@ -490,8 +533,8 @@ func (s *Store) TimeOutGroup(id string) ([]string, error) {
 		return nil, fmt.Errorf("time out group %q: %w", id, err)
 	}
 	var ended []string
-	for _, sid := range members {
-		// One session at a time, through FinishSession, so that a call being recorded in
+	for _, sid := range running {
+		// Through FinishSession, one session at a time, so that a call being recorded in
 		// it either lands before the timeout or is refused after it.
 		switch err := s.FinishSession(sid, 0, trace.StatusTimeout); {
 		case err == nil:
@@ -501,17 +544,7 @@ func (s *Store) TimeOutGroup(id string) ([]string, error) {
 			return ended, fmt.Errorf("time out group %q: %w", id, err)
 		}
 	}
-	return ended, s.write(func(tx *bolt.Tx) error {
-		b, gi, err := groupBucket(tx, id)
-		if err != nil {
-			return fmt.Errorf("time out group %q: %w", id, err)
-		}
-		if gi.Step >= 0 || gi.Dropped {
-			return nil
-		}
-		gi.TimedOut = true
-		return putJSON(b, kInfo, gi)
-	})
+	return ended, nil
 }
 
 // Session returns session id with all its calls, prompts reconstructed in full.
@@ -682,7 +715,7 @@ type Usage struct {
 
 // callTotals is the running count of the calls behind Usage, kept in the meta bucket
 // under "usage" and updated in the transaction that stores each call, so it is exact
-// after any crash. A store written before it was kept gets it by one scan at open.
+// after any crash. A format 1 store gets it by one scan when it is upgraded.
 type callTotals struct {
 	Calls     int   `json:"calls"`
 	PromptIDs int64 `json:"prompt_ids"`
@@ -690,25 +723,21 @@ type callTotals struct {
 	JSONBytes int64 `json:"json_bytes"`
 }
 
-// addCall counts one stored call value in tx's totals.
-func addCall(tx *bolt.Tx, val []byte, promptLen int) error {
+// addCall counts one stored call in tx's totals.
+func addCall(tx *bolt.Tx, valBytes, jsonBytes, promptLen int) error {
 	meta := tx.Bucket(bMeta)
 	var t callTotals
 	if err := getJSON(meta, kUsage, &t, "usage totals"); err != nil {
 		return err
 	}
-	_, blob, err := callSizes(val)
-	if err != nil {
-		return err
-	}
 	t.Calls++
 	t.PromptIDs += int64(promptLen)
-	t.CallBytes += int64(len(val))
-	t.JSONBytes += int64(blob)
+	t.CallBytes += int64(valBytes)
+	t.JSONBytes += int64(jsonBytes)
 	return putJSON(meta, kUsage, t)
 }
 
-// countCalls scans every stored call for the totals (stores from before they were kept).
+// countCalls scans every stored call for the totals (the upgrade from format 1).
 func countCalls(tx *bolt.Tx) (callTotals, error) {
 	var t callTotals
 	all := tx.Bucket(bSessions)
@@ -748,6 +777,32 @@ func (s *Store) Usage() (Usage, error) {
 	}
 	u.FileBytes, u.DiskBytes = fi.Size(), diskBytes(fi)
 	return u, nil
+}
+
+// SetPolicyVersion records the policy version the trainer resumed rollouts under, so a
+// restarted floe goes on with it (calls are stamped with it, staleness is measured
+// against it).
+func (s *Store) SetPolicyVersion(v int64) error {
+	return s.write(func(tx *bolt.Tx) error {
+		return tx.Bucket(bMeta).Put(kPolicy, binary.BigEndian.AppendUint64(nil, uint64(v)))
+	})
+}
+
+// PolicyVersion is the last version SetPolicyVersion recorded; 0 when none.
+func (s *Store) PolicyVersion() (int64, error) {
+	var v int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		raw := tx.Bucket(bMeta).Get(kPolicy)
+		switch {
+		case raw == nil:
+		case len(raw) == 8:
+			v = int64(binary.BigEndian.Uint64(raw))
+		default:
+			return fmt.Errorf("%w: policy version of %d bytes", ErrCorrupt, len(raw))
+		}
+		return nil
+	})
+	return v, err
 }
 
 // StepRecord is a saved step: its number and the groups it was formed from, in order.

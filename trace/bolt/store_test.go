@@ -635,14 +635,40 @@ func TestPrefixByReference(t *testing.T) {
 	if u.Calls != 40 || u.Sessions != 1 || u.PromptIDs != int64(sumPrompt) || u.CallBytes != int64(total) || u.FileBytes != fi.Size() || u.DiskBytes <= 0 {
 		t.Fatalf("Usage = %+v, want 40 calls, %d prompt ids, %d call bytes, file %d B", u, sumPrompt, total, fi.Size())
 	}
-	// A store written before the totals were kept counts them once at open.
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bMeta).Delete(kUsage) }); err != nil {
+	// A format 1 store (no totals) is refused read-only, and upgraded in place when opened
+	// read-write: the totals counted once, the format version raised.
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bMeta).Delete(kUsage); err != nil {
+			return err
+		}
+		return tx.Bucket(bMeta).Put(kFormat, binary.BigEndian.AppendUint32(nil, 1))
+	}); err != nil {
 		t.Fatal(err)
 	}
-	s = reopen(t, s, dir)
-	if again, err := s.Usage(); err != nil || again.Calls != u.Calls || again.PromptIDs != u.PromptIDs || again.CallBytes != u.CallBytes || again.JSONBytes != u.JSONBytes {
-		t.Fatalf("Usage after a recount = %+v %v, want %+v", again, err, u)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
+	if _, err := New(dir, Options{ReadOnly: true}); !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), "read-write once") {
+		t.Fatalf("a format 1 store opened read-only: %v", err)
+	}
+	s = open(t, dir, Options{})
+	if again, err := s.Usage(); err != nil || again.Calls != u.Calls || again.PromptIDs != u.PromptIDs || again.CallBytes != u.CallBytes || again.JSONBytes != u.JSONBytes {
+		t.Fatalf("Usage after the upgrade = %+v %v, want %+v", again, err, u)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ro, err := New(dir, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatalf("the upgraded store read-only: %v", err)
+	}
+	if got, err := ro.Usage(); err != nil || got.Calls != 40 {
+		t.Fatalf("read-only Usage = %+v %v", got, err)
+	}
+	if err := ro.CreateSession(trace.Session{ID: "x"}, ""); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("a write to a read-only store: %v", err)
+	}
+	s = ro
 	rawPrompt := 4 * sumPrompt // int32 prompts stored in full
 	t.Logf("Σ prompt tokens %d (%d B as int32), distinct tokens %d; encoded calls %d B (%.2f B/distinct token, %.1f%% of full prompts); file %d B",
 		sumPrompt, rawPrompt, distinct, total, float64(total)/float64(distinct), 100*float64(total)/float64(rawPrompt), fi.Size())
@@ -785,5 +811,53 @@ func TestUsageSeparatesTheRecordedJSON(t *testing.T) {
 	}
 	if rich.JSONBytes-plain.JSONBytes != rich.CallBytes-plain.CallBytes || rich.JSONBytes < 500 {
 		t.Fatalf("with JSON %+v, without %+v: the difference is not all JSON", rich, plain)
+	}
+}
+
+// TestTimeOutGroupRacesCreateSession: a session created while its group times out either
+// joins before (and is timed out with it) or is refused; a timed-out group never keeps a
+// running session.
+func TestTimeOutGroupRacesCreateSession(t *testing.T) {
+	s := open(t, t.TempDir(), Options{})
+	defer s.Close()
+	for i := range 100 {
+		g := fmt.Sprintf("g%03d", i)
+		if err := s.CreateSession(trace.Session{ID: g + "-a", TaskID: "t", GroupID: g}, ""); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = s.CreateSession(trace.Session{ID: g + "-b", TaskID: "t", GroupID: g}, "") // may be refused
+		}()
+		if _, err := s.TimeOutGroup(g); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+	}
+	gs, err := s.Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range gs {
+		if !g.TimedOut || g.Finished != g.Sessions || !g.Complete() {
+			t.Fatalf("group %+v: timed out with a running session", g)
+		}
+	}
+}
+
+func TestPolicyVersionSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	if v, err := s.PolicyVersion(); err != nil || v != 0 {
+		t.Fatalf("a new store's policy version: %d %v", v, err)
+	}
+	if err := s.SetPolicyVersion(7); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, dir)
+	if v, err := s.PolicyVersion(); err != nil || v != 7 {
+		t.Fatalf("policy version after a restart: %d %v", v, err)
 	}
 }
