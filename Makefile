@@ -99,7 +99,7 @@ bench-proxy:
 # End to end: replay the small synthetic corpus through floe against the reference server,
 # train the tiny model once per strategy on CPU, write the report and plots.
 bench-e2e: venv
-	$(GO) run ./cmd/floe bench e2e -name e2e-cpu -groups 16 -python $(VPY)
+	$(GO) run ./cmd/floe bench e2e -name e2e-cpu -corpus cpu -groups 6 -groups-per-step 1 -python $(VPY)
 
 # The GPU run: a 0.5B Qwen2 in bf16 with FlexAttention on the medium corpus.
 bench-e2e-gpu:

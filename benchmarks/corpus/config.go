@@ -127,6 +127,27 @@ func Medium() Config {
 	return c
 }
 
+// CPU is Default's agent (its event rates, its shape of sessions) at about a twentieth of
+// its context: system prompts of 200–600 tokens, compaction at 2,400, contexts up to
+// 3,000. Sized for end-to-end runs whose trainer is on a CPU (floe bench e2e), where
+// Small's frequent events would understate what merging prefixes buys.
+func CPU() Config {
+	c := Default()
+	c.Groups = 8
+	c.SystemPrefixTokens = Range{200, 600}
+	c.TaskPromptTokens = Range{20, 100}
+	c.CallsPerSession = Range{8, 30}
+	c.ToolOutputTokens = Skewed{Min: 5, Max: 150, Median: 20, Sigma: 1.0}
+	c.ResponseTokens = Skewed{Min: minResponseTokens, Max: 60, Median: 18, Sigma: 0.7}
+	c.NudgeTokens = Range{2, 8}
+	c.CompactAt = 2_400
+	c.SummaryTokens = Range{50, 150}
+	c.MaxContext = 3_000
+	c.SubAgentPrefixTokens = Range{50, 150}
+	c.SubAgentTaskTokens = Range{5, 30}
+	return c
+}
+
 // Small is a tiny corpus for unit, property and fuzz tests: contexts of tens to hundreds
 // of tokens, and every event frequent enough that a handful of groups shows all of them.
 func Small() Config {

@@ -442,8 +442,13 @@ func TestStatsMarkdown(t *testing.T) {
 	}
 }
 
-func TestMediumIsValid(t *testing.T) {
-	cfg := Medium()
+func TestMediumAndCPUAreValid(t *testing.T) {
+	for name, cfg := range map[string]Config{"medium": Medium(), "cpu": CPU()} {
+		t.Run(name, func(t *testing.T) { checkPreset(t, cfg) })
+	}
+}
+
+func checkPreset(t *testing.T, cfg Config) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +467,7 @@ func TestMediumIsValid(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("medium, 2 groups: %d calls, %d input tokens", st.Calls, st.InputTokens)
+	t.Logf("2 groups: %d calls, %d input tokens", st.Calls, st.InputTokens)
 }
 
 // TestParsePromptReadsWhatTheGeneratorRendered renders turns with the generator's own

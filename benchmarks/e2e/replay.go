@@ -203,8 +203,11 @@ func promptMessages(ids []int32) ([]Message, error) {
 func output(a corpus.Assistant) Output {
 	o := Output{Content: words(a.Content), Reasoning: words(a.Reasoning)}
 	if a.ToolCall {
-		args, _ := json.Marshal(map[string]string{"cmd": words(a.ToolArgs)})
-		o.ToolCalls = []ScriptedCall{{Name: replayTool, Arguments: string(args)}}
+		// Spaced as Python's json.dumps (the template's tojson) writes it: servers hand the
+		// arguments of earlier calls to the chat template as an object, so the history
+		// renders the call exactly as the model wrote it only in that spacing.
+		cmd, _ := json.Marshal(words(a.ToolArgs))
+		o.ToolCalls = []ScriptedCall{{Name: replayTool, Arguments: `{"cmd": ` + string(cmd) + `}`}}
 	}
 	return o
 }

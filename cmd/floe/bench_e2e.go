@@ -72,7 +72,7 @@ func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	b := benchE2E{stderr: stderr, command: "floe bench e2e " + strings.Join(args, " ")}
 	fs.StringVar(&b.name, "name", "e2e-cpu", "benchmark name: the results folder under benchmarks/results")
 	fs.StringVar(&b.out, "out", "", "results folder (default: benchmarks/results/<name>)")
-	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small, medium (GPU runs) or default")
+	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small (tests), cpu (CPU runs), medium (GPU runs) or default")
 	fs.StringVar(&b.dataDir, "from-data-dir", "", "replay the finished grouped sessions recorded in this floe data dir instead of the synthetic corpus")
 	fs.IntVar(&b.groups, "groups", 8, "GRPO groups of the synthetic corpus (0: the corpus's own count)")
 	fs.Int64Var(&b.seed, "seed", 1, "synthetic corpus seed")
@@ -212,10 +212,12 @@ func (b *benchE2E) sessionsToReplay() ([]e2e.Session, string, error) {
 		cfg = corpus.Small()
 	case "medium":
 		cfg = corpus.Medium()
+	case "cpu":
+		cfg = corpus.CPU()
 	case "default":
 		cfg = corpus.Default()
 	default:
-		return nil, "", fmt.Errorf("-corpus %q: small, medium or default", b.corpus)
+		return nil, "", fmt.Errorf("-corpus %q: small, cpu, medium or default", b.corpus)
 	}
 	if b.groups > 0 {
 		cfg.Groups = b.groups

@@ -31,7 +31,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.PrintDefaults()
 	}
 	def := batcher.DefaultConfig()
-	kind := fs.String("corpus", "small", "corpus size: small (tests), medium or default (benchmark)")
+	kind := fs.String("corpus", "small", "corpus size: small (tests), cpu, medium or default (benchmark)")
 	groups := fs.Int("groups", 0, "GRPO groups (0: the corpus's own count)")
 	seed := fs.Int64("seed", 1, "corpus seed")
 	fold := fs.Int("fold-vocab", 0, "map every token id to id % N, for tiny test models (0: off)")
@@ -58,10 +58,12 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 		ccfg = corpus.Small()
 	case "medium":
 		ccfg = corpus.Medium()
+	case "cpu":
+		ccfg = corpus.CPU()
 	case "default":
 		ccfg = corpus.Default()
 	default:
-		return fmt.Errorf("unknown corpus %q (want small, medium or default)", *kind)
+		return fmt.Errorf("unknown corpus %q (want small, cpu, medium or default)", *kind)
 	}
 	if *groups > 0 {
 		ccfg.Groups = *groups

@@ -51,7 +51,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"proxy", "-engine", "tgi"}, 1, `unknown inference engine "tgi"`},
 		{[]string{"serve", "-group-timeout", "-1s", "-data-dir", t.TempDir()}, 1, "group timeout -1s must not be negative"},
 		{[]string{"bench", "e2e", "-strategies", "tree,bfs"}, 1, `bfs`},
-		{[]string{"bench", "e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus "huge": small, medium or default`},
+		{[]string{"bench", "e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus "huge": small, cpu, medium or default`},
 		{[]string{"bench", "report"}, 1, "-dir"},
 	}
 	for _, tt := range tests {
