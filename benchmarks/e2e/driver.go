@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sourcegraph/conc/pool"
@@ -24,8 +25,11 @@ type Driver struct {
 	// Concurrency bounds the sessions in flight (default 8).
 	Concurrency int
 	Client      *http.Client // nil: http.DefaultClient
-	// Progress, when set, is called after each call with the calls done so far.
+	// Progress, when set, is called after each call with the calls done so far, from one
+	// goroutine at a time.
 	Progress func(calls int)
+
+	progressMu sync.Mutex
 }
 
 func (d *Driver) client() *http.Client {
@@ -102,7 +106,9 @@ func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *a
 		}
 		n := calls.Add(1)
 		if d.Progress != nil {
+			d.progressMu.Lock()
 			d.Progress(int(n))
+			d.progressMu.Unlock()
 		}
 	}
 	return d.post(ctx, d.Proxy+"/floe/v1/sessions/"+created.SessionID+"/finish", "",

@@ -43,26 +43,23 @@ and <out>/REPORT.md with plots (floe bench report).
 
 // benchE2E is floe bench e2e's configuration.
 type benchE2E struct {
-	name, out, work       string
-	corpus, dataDir       string
-	groups                int
-	seed                  int64
-	strategies            []batcher.Strategy
-	python, trainer       string
-	trainerArgs           []string
-	device                string
-	vocab                 int
-	budget, perStep, pad  int
-	maxModelLen           int
-	concurrency           int
-	runTimeout            time.Duration
-	keep                  bool
-	command               string
-	stderr                io.Writer
-	gpuLib                gpu.Lib
-	refserverArgs         []string
-	calls                 int
-	sessions, replayCalls int
+	name, out, work      string
+	corpus, dataDir      string
+	groups               int
+	seed                 int64
+	strategies           []batcher.Strategy
+	python, trainer      string
+	trainerArgs          []string
+	device               string
+	vocab                int
+	budget, perStep, pad int
+	maxModelLen          int
+	concurrency          int
+	runTimeout           time.Duration
+	keep                 bool
+	command              string
+	stderr               io.Writer
+	calls, sessions      int
 }
 
 func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -162,8 +159,17 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	defer func() { stopMon(); <-monDone }()
 	setup := e2e.Setup{Machine: e2eMachine(mon), Device: b.device, Model: b.modelDesc(), Corpus: corpusDesc, Seed: b.seed,
 		Command: b.command, Calls: b.calls, Sessions: b.sessions, TokenBudget: b.budget, DPSize: 1}
-	if err := os.MkdirAll(filepath.Join(b.out, "runs"), 0o755); err != nil {
+	// The folder holds this run's strategies only: a run left from an earlier invocation
+	// would mix into floe bench report's comparison.
+	runsDir := filepath.Join(b.out, "runs")
+	if err := os.MkdirAll(runsDir, 0o755); err != nil {
 		return err
+	}
+	old, _ := filepath.Glob(filepath.Join(runsDir, "*.json"))
+	for _, p := range old {
+		if err := os.Remove(p); err != nil {
+			return err
+		}
 	}
 	var runs []e2e.Run
 	for _, st := range b.strategies {
@@ -172,7 +178,7 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", st, err)
 		}
 		raw, _ := json.MarshalIndent(run, "", " ")
-		path := filepath.Join(b.out, "runs", string(st)+".json")
+		path := filepath.Join(runsDir, string(st)+".json")
 		if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
 			return err
 		}
@@ -188,12 +194,7 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	return nil
 }
 
-func (b *benchE2E) lib() gpu.Lib {
-	if b.gpuLib != nil {
-		return b.gpuLib
-	}
-	return gpu.SystemNVML()
-}
+func (b *benchE2E) lib() gpu.Lib { return gpu.SystemNVML() }
 
 func (b *benchE2E) modelDesc() string {
 	args := strings.Join(b.trainerArgs, " ")
@@ -260,12 +261,8 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 			b.progress("replay: %d/%d calls, %.0fs", n, b.calls, time.Since(began).Seconds())
 		}
 	}
-	n, err := d.Run(ctx, sessions)
-	if err != nil {
-		return err
-	}
-	b.replayCalls = n
-	return nil
+	_, err = d.Run(ctx, sessions)
+	return err
 }
 
 // train runs one strategy: a floe on a copy of the recorded data dir, the trainer for
@@ -418,7 +415,7 @@ type refServer struct {
 }
 
 func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
-	args := append([]string{"-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}, b.refserverArgs...)
+	args := []string{"-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}
 	cmd := exec.Command(b.python, args...)
 	// Its own process group, so that stopping it stops anything it started too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
