@@ -226,17 +226,20 @@ func words(ids []int32) string {
 
 func word(id int32) string { return vocabulary[int(id)%len(vocabulary)] }
 
-// vocabulary is common English that a byte-level BPE trained on English text keeps as
-// single tokens.
-var vocabulary = strings.Fields(`the of and to in is for that with on as are this be by it from or at an
-not file test code run error value type data name line function return new use can all list set
-if when has will one list more read write call used path time make only build each how their
-which other first into some than then also two these may its after work two use make like
-out get over just any most where such should through up before while each over find same
-start end first last next back check open close add remove update change fix bug issue case
-module package import class method field string number true false null input output result
-state config option flag default user model token batch step group session call tree node
-root leaf left right size count index key map array slice byte int float bool char text word`)
+// vocabulary holds words that the reference server's tokenizer encodes as one token each,
+// with or without a leading space, so a replayed turn has its corpus length in tokens.
+var vocabulary = strings.Fields(`the of and to in is for with on as are by it from or at an not file test code error
+value type data name line function return new use all list set if one read used path
+time make only other its like out get any most where up find end next back check open
+add fix case import class method string true false input state default user model token
+step group session tree root left right size count key array int float char text word
+self def con object par pro len heap stream item indent tra comp allow cur flo except
+wrap rep max ran pre version row ser try per log order arg args com pos cls sub format
+width break head whitespace imple response parse current ele part lines queue col rows
+func sample http loss obj exp message str print floe server json sort items range und
+script quo tuple space match micro see types res mark empty prompt recur direct ter ass
+sequen che cor rest inter trainer maxsize headers repr sys words top doc wrapped rank
+app ite block form iter bound bench`)
 
 // SortSessions orders sessions by group, then by id, so that a replay is the same run
 // after run.

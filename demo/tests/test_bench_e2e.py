@@ -64,3 +64,20 @@ def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
     for png in ("step_seconds.png", "rows_per_step.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out / "REPORT.md") in r.stdout
+
+
+def test_replay_words_are_single_tokens() -> None:
+    """Every word the replay turns a corpus token into is one token of the reference
+    server's tokenizer, so replayed turns keep their corpus lengths."""
+    import re
+
+    from floe_bridge.refserver.tokenizer import load_tokenizer
+
+    src = (ROOT / "benchmarks" / "e2e" / "replay.go").read_text()
+    m = re.search(r"var vocabulary = strings\.Fields\(`(.*?)`\)", src, re.S)
+    assert m, "the replay's word list moved"
+    words = m.group(1).split()
+    tok = load_tokenizer()
+    assert len(set(words)) == len(words) >= 128
+    assert [w for w in words if len(tok.encode(" " + w)) != 1 or len(tok.encode(w)) != 1] == []
+    assert len(tok.encode(" ".join(words))) == len(words)
