@@ -289,21 +289,12 @@ func (v *VLLM) Complete(ctx context.Context, req *ChatRequest) (*Result, error) 
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	resp, err := v.post(ctx, "/v1/chat/completions", body)
+	var vr vllmResponse
+	latency, err := complete(ctx, v.post, body, &vr)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	var vr vllmResponse
-	raw, err := io.ReadAll(resp.Body)
-	if err == nil {
-		err = gojson.Unmarshal(raw, &vr)
-	}
-	if err != nil {
-		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "reading the inference server's answer: " + err.Error()}
-	}
-	res := &Result{Upstream: body, Latency: time.Since(start), PromptIDs: vr.PromptTokenIDs}
+	res := &Result{Upstream: body, Latency: latency, PromptIDs: vr.PromptTokenIDs}
 	res.Response.ID = vr.ID
 	if vr.Usage != nil {
 		res.Response.Usage = *vr.Usage
@@ -570,6 +561,28 @@ func (v *VLLM) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
 		return 0, err
 	}
 	return tokenCount(ctx, v.client(), v.BaseURL, "/tokenize", body, upstreamError)
+}
+
+// complete posts a non-streaming chat completion and decodes the answer into out; it
+// returns the time from sending to the end of the answer.
+func complete(ctx context.Context, post func(context.Context, string, []byte) (*http.Response, error), body []byte, out any) (time.Duration, error) {
+	start := time.Now()
+	resp, err := post(ctx, "/v1/chat/completions", body)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = gojson.Unmarshal(raw, out)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "reading the inference server's answer: " + err.Error()}
+	}
+	return time.Since(start), nil
 }
 
 // tokenCount posts a tokenize request (vLLM's /tokenize, SGLang's /v1/tokenize: both answer

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"regexp"
 	"slices"
-	"time"
 
 	gojson "github.com/goccy/go-json"
 )
@@ -172,28 +170,16 @@ func (s *SGLang) Complete(ctx context.Context, req *ChatRequest) (*Result, error
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	resp, err := s.post(ctx, "/v1/chat/completions", body)
+	var sr sglangResponse
+	latency, err := complete(ctx, s.post, body, &sr)
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	var sr sglangResponse
-	raw, err := io.ReadAll(resp.Body)
-	if err == nil {
-		err = gojson.Unmarshal(raw, &sr)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "reading SGLang's answer: " + err.Error()}
 	}
 	if len(sr.Choices) == 0 {
 		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server answered with no choices"}
 	}
 	// The choices of one request share its prompt: choice 0's ids are the call's.
-	res := &Result{Upstream: body, Latency: time.Since(start), PromptIDs: sr.Choices[0].PromptTokenIDs}
+	res := &Result{Upstream: body, Latency: latency, PromptIDs: sr.Choices[0].PromptTokenIDs}
 	res.Response.ID = sr.ID
 	if sr.Usage != nil {
 		res.Response.Usage = *sr.Usage
