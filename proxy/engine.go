@@ -300,19 +300,7 @@ func (v *VLLM) Complete(ctx context.Context, req *ChatRequest) (*Result, error) 
 		res.Response.Usage = *vr.Usage
 	}
 	for _, c := range vr.Choices {
-		msg := ChatMessage{Role: "assistant", Content: ""}
-		if c.Message != nil {
-			msg = *c.Message
-			msg.Role = "assistant"
-			if msg.Content == nil {
-				msg.Content = ""
-			}
-		}
-		finish := ""
-		if c.FinishReason != nil {
-			finish = *c.FinishReason
-		}
-		res.Response.Choices = append(res.Response.Choices, Choice{Index: c.Index, Message: msg, FinishReason: finish})
+		res.Response.Choices = append(res.Response.Choices, answerChoice(c.Index, c.Message, c.FinishReason))
 		res.Choices = append(res.Choices, tokenData(c.TokenIDs, c.Logprobs, vr.PromptTokenIDs))
 	}
 	if len(res.Response.Choices) == 0 {
@@ -561,6 +549,24 @@ func (v *VLLM) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
 		return 0, err
 	}
 	return tokenCount(ctx, v.client(), v.BaseURL, "/tokenize", body, upstreamError)
+}
+
+// answerChoice is an engine's choice as the normalized answer: an assistant message
+// (empty content rather than none) and its finish reason.
+func answerChoice(index int, m *ChatMessage, finishReason *string) Choice {
+	msg := ChatMessage{Role: "assistant", Content: ""}
+	if m != nil {
+		msg = *m
+		msg.Role = "assistant"
+		if msg.Content == nil {
+			msg.Content = ""
+		}
+	}
+	finish := ""
+	if finishReason != nil {
+		finish = *finishReason
+	}
+	return Choice{Index: index, Message: msg, FinishReason: finish}
 }
 
 // complete posts a non-streaming chat completion and decodes the answer into out; it

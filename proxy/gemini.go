@@ -760,65 +760,45 @@ func gemArgsJSON(arguments string) json.RawMessage {
 // gemSchema converts a Gemini Schema (OpenAPI subset, upper-case type names) to JSON
 // Schema, keeping key order.
 func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
-	t := bytes.TrimSpace(raw)
-	if len(t) == 0 || t[0] != '{' {
-		return gemCompact(t), nil
-	}
-	var b bytes.Buffer
-	b.WriteByte('{')
-	n := 0
-	err := gemEachKey(t, func(k string, v json.RawMessage) error {
+	return gemRewriteObject(raw, func(k string, v json.RawMessage) (json.RawMessage, bool, error) {
 		switch k {
 		case "type":
 			var s string
 			if json.Unmarshal(v, &s) == nil {
 				if s == "TYPE_UNSPECIFIED" {
-					return nil
+					return nil, false, nil
 				}
 				v, _ = json.Marshal(strings.ToLower(s))
 			}
 		case "items", "additionalProperties", "not":
-			var err error
-			if v, err = gemSchema(v); err != nil {
-				return err
-			}
+			s, err := gemSchema(v)
+			return s, true, err
 		case "properties", "$defs", "definitions":
-			var err error
-			if v, err = gemSchemaMap(v); err != nil {
-				return err
-			}
+			s, err := gemRewriteObject(v, func(_ string, v json.RawMessage) (json.RawMessage, bool, error) {
+				s, err := gemSchema(v)
+				return s, true, err
+			})
+			return s, true, err
 		case "anyOf", "oneOf", "allOf", "prefixItems":
 			var list []json.RawMessage
 			if json.Unmarshal(v, &list) == nil {
 				for i := range list {
 					s, err := gemSchema(list[i])
 					if err != nil {
-						return err
+						return nil, false, err
 					}
 					list[i] = s
 				}
 				v, _ = json.Marshal(list)
 			}
 		}
-		if n > 0 {
-			b.WriteByte(',')
-		}
-		n++
-		kb, _ := json.Marshal(k)
-		b.Write(kb)
-		b.WriteByte(':')
-		b.Write(gemCompact(v))
-		return nil
+		return gemCompact(v), true, nil
 	})
-	if err != nil {
-		return nil, err
-	}
-	b.WriteByte('}')
-	return b.Bytes(), nil
 }
 
-// gemSchemaMap converts each schema of a {name: schema} object, keeping key order.
-func gemSchemaMap(raw json.RawMessage) (json.RawMessage, error) {
+// gemRewriteObject rewrites each value of a JSON object with fn, keeping key order and
+// dropping the keys fn does not keep; anything but an object is returned compacted.
+func gemRewriteObject(raw json.RawMessage, fn func(k string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || t[0] != '{' {
 		return gemCompact(t), nil
@@ -827,8 +807,8 @@ func gemSchemaMap(raw json.RawMessage) (json.RawMessage, error) {
 	b.WriteByte('{')
 	n := 0
 	err := gemEachKey(t, func(k string, v json.RawMessage) error {
-		s, err := gemSchema(v)
-		if err != nil {
+		v, keep, err := fn(k, v)
+		if err != nil || !keep {
 			return err
 		}
 		if n > 0 {
@@ -838,7 +818,7 @@ func gemSchemaMap(raw json.RawMessage) (json.RawMessage, error) {
 		kb, _ := json.Marshal(k)
 		b.Write(kb)
 		b.WriteByte(':')
-		b.Write(s)
+		b.Write(v)
 		return nil
 	})
 	if err != nil {

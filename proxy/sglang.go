@@ -186,20 +186,9 @@ func (s *SGLang) Complete(ctx context.Context, req *ChatRequest) (*Result, error
 	}
 	for i := range sr.Choices {
 		c := &sr.Choices[i]
-		msg := ChatMessage{Role: "assistant", Content: ""}
-		if c.Message != nil {
-			msg = *c.Message
-			msg.Role = "assistant"
-			if msg.Content == nil {
-				msg.Content = ""
-			}
-		}
-		finish := ""
-		if c.FinishReason != nil {
-			finish = *c.FinishReason
-		}
-		res.Response.Choices = append(res.Response.Choices, Choice{Index: c.Index, Message: msg, FinishReason: finish})
-		res.Choices = append(res.Choices, sglangTokenData(c, res.PromptIDs, finish))
+		ch := answerChoice(c.Index, c.Message, c.FinishReason)
+		res.Response.Choices = append(res.Response.Choices, ch)
+		res.Choices = append(res.Choices, sglangTokenData(c, res.PromptIDs, ch.FinishReason))
 	}
 	return res, nil
 }

@@ -39,10 +39,9 @@ func (d *Driver) client() *http.Client {
 	return http.DefaultClient
 }
 
-// Run replays sessions (a group's sessions together, groups in order) and returns the
-// number of calls made. Each group is created with its full size, so floe completes it
-// when its last session finishes.
-func (d *Driver) Run(ctx context.Context, sessions []Session) (int, error) {
+// Run replays sessions, at most Concurrency at a time. Each group is created with its full
+// size, so floe completes it when its last session finishes.
+func (d *Driver) Run(ctx context.Context, sessions []Session) error {
 	size := map[string]int{}
 	for _, s := range sessions {
 		size[s.Group]++
@@ -61,8 +60,7 @@ func (d *Driver) Run(ctx context.Context, sessions []Session) (int, error) {
 			return nil
 		})
 	}
-	err := p.Wait()
-	return int(calls.Load()), err
+	return p.Wait()
 }
 
 func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *atomic.Int64) error {

@@ -93,13 +93,6 @@ func (r *Recorder) StepCommitted(n int64) {
 	r.mu.Unlock()
 }
 
-// Committed is how many steps were committed.
-func (r *Recorder) Committed() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.committed)
-}
-
 // SampleGPU copies the monitor's new samples into the timeline every poll until ctx
 // ends; the monitor samples at its own rate (10 Hz) into a ring buffer, which a poll
 // every second drains long before it wraps.

@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/floe-rl/floe/benchmarks/corpus"
@@ -240,14 +239,3 @@ func sample http loss obj exp message str print floe server json sort items rang
 script quo tuple space match micro see types res mark empty prompt recur direct ter ass
 sequen che cor rest inter trainer maxsize headers repr sys words top doc wrapped rank
 app ite block form iter bound bench`)
-
-// SortSessions orders sessions by group, then by id, so that a replay is the same run
-// after run.
-func SortSessions(ss []Session) {
-	sort.SliceStable(ss, func(i, j int) bool {
-		if ss[i].Group != ss[j].Group {
-			return ss[i].Group < ss[j].Group
-		}
-		return ss[i].ID < ss[j].ID
-	})
-}

@@ -81,17 +81,22 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // machine describes where the benchmark ran, for the report.
 func machine() string {
-	cpu := "unknown CPU"
-	if f, err := os.Open("/proc/cpuinfo"); err == nil {
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
+	return fmt.Sprintf("%s, %d logical CPUs (throughput measured on one: GOMAXPROCS=1), %s %s/%s",
+		cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// cpuModel is the CPU's model name from /proc/cpuinfo, or "unknown CPU".
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown CPU"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
 		}
 	}
-	return fmt.Sprintf("%s, %d logical CPUs (throughput measured on one: GOMAXPROCS=1), %s %s/%s",
-		cpu, runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return "unknown CPU"
 }

@@ -261,8 +261,7 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 			b.progress("replay: %d/%d calls, %.0fs", n, b.calls, time.Since(began).Seconds())
 		}
 	}
-	_, err = d.Run(ctx, sessions)
-	return err
+	return d.Run(ctx, sessions)
 }
 
 // train runs one strategy: a floe on a copy of the recorded data dir, the trainer for
@@ -499,16 +498,7 @@ func copyDir(src, dst string) error {
 
 // e2eMachine describes this machine and its GPUs for the report.
 func e2eMachine(mon *gpu.Monitor) string {
-	cpu := runtime.GOARCH
-	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(raw), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	out := fmt.Sprintf("%s, %d cores", cpu, runtime.NumCPU())
+	out := fmt.Sprintf("%s, %d cores", cpuModel(), runtime.NumCPU())
 	for _, d := range mon.Devices() {
 		out += fmt.Sprintf("; GPU %d: %s, %.0f GiB", d.Index, d.Name, float64(d.MemoryTotal)/(1<<30))
 	}

@@ -155,7 +155,12 @@ func (s *Store) Record(ctx context.Context, c *trace.Call) error {
 		if err := b.Bucket(kCalls).Put(binary.BigEndian.AppendUint64(nil, uint64(seq)), val); err != nil {
 			return err
 		}
-		if err := addCall(tx, len(val), jsonBytes, len(c.PromptIDs)); err != nil {
+		if err := updateTotals(tx, func(t *Totals) {
+			t.Calls++
+			t.PromptIDs += int64(len(c.PromptIDs))
+			t.CallBytes += int64(len(val))
+			t.JSONBytes += int64(jsonBytes)
+		}); err != nil {
 			return err
 		}
 		info.Stored, info.Next = seq+1, next

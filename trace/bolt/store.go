@@ -195,7 +195,7 @@ func initialise(db *bolt.DB, path string, readOnly bool) error {
 					return err
 				}
 			}
-			return putJSON(m, kUsage, callTotals{})
+			return putJSON(m, kUsage, Totals{})
 		}
 		v := meta.Get(kFormat)
 		if len(v) != 4 {
@@ -220,7 +220,7 @@ func initialise(db *bolt.DB, path string, readOnly bool) error {
 		}
 		// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
 		// absent (zero) in old records.
-		t, err := countCalls(tx)
+		t, err := countTotals(tx)
 		if err != nil {
 			return err
 		}
@@ -378,6 +378,9 @@ func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
 	}
 	info := sessionInfo{Task: sess.TaskID, Group: sess.GroupID, Status: trace.StatusRunning, Created: time.Now().UTC()}
 	if err := putJSON(b, kInfo, info); err != nil {
+		return err
+	}
+	if err := updateTotals(tx, func(t *Totals) { t.Sessions++ }); err != nil {
 		return err
 	}
 	if key != "" {
@@ -700,8 +703,10 @@ func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 	return out, err
 }
 
-// Usage is what the store holds and what it costs on disk.
-type Usage struct {
+// Totals is what the store holds, kept in the meta bucket under "usage" and updated in
+// the transaction that creates each session or stores each call, so it is exact after
+// any crash. A format 1 store gets it by one scan when it is upgraded.
+type Totals struct {
 	Sessions  int   `json:"sessions"`
 	Calls     int   `json:"calls"`      // calls recorded
 	PromptIDs int64 `json:"prompt_ids"` // Σ prompt lengths of those calls, in tokens
@@ -709,39 +714,32 @@ type Usage struct {
 	// JSONBytes the part of it that is the recorded request, upstream request and answer.
 	CallBytes int64 `json:"call_bytes"`
 	JSONBytes int64 `json:"json_bytes"`
+}
+
+// Usage is what the store holds and what it costs on disk.
+type Usage struct {
+	Totals
 	FileBytes int64 `json:"file_bytes"` // the database file's size
 	DiskBytes int64 `json:"disk_bytes"` // blocks the file occupies (bbolt grows it ahead, sparse or not)
 }
 
-// callTotals is the running count of the calls behind Usage, kept in the meta bucket
-// under "usage" and updated in the transaction that stores each call, so it is exact
-// after any crash. A format 1 store gets it by one scan when it is upgraded.
-type callTotals struct {
-	Calls     int   `json:"calls"`
-	PromptIDs int64 `json:"prompt_ids"`
-	CallBytes int64 `json:"call_bytes"`
-	JSONBytes int64 `json:"json_bytes"`
-}
-
-// addCall counts one stored call in tx's totals.
-func addCall(tx *bolt.Tx, valBytes, jsonBytes, promptLen int) error {
+// updateTotals applies fn to tx's totals.
+func updateTotals(tx *bolt.Tx, fn func(*Totals)) error {
 	meta := tx.Bucket(bMeta)
-	var t callTotals
+	var t Totals
 	if err := getJSON(meta, kUsage, &t, "usage totals"); err != nil {
 		return err
 	}
-	t.Calls++
-	t.PromptIDs += int64(promptLen)
-	t.CallBytes += int64(valBytes)
-	t.JSONBytes += int64(jsonBytes)
+	fn(&t)
 	return putJSON(meta, kUsage, t)
 }
 
-// countCalls scans every stored call for the totals (the upgrade from format 1).
-func countCalls(tx *bolt.Tx) (callTotals, error) {
-	var t callTotals
+// countTotals scans every session and stored call (the upgrade from format 1).
+func countTotals(tx *bolt.Tx) (Totals, error) {
+	var t Totals
 	all := tx.Bucket(bSessions)
 	err := all.ForEachBucket(func(id []byte) error {
+		t.Sessions++
 		return all.Bucket(id).Bucket(kCalls).ForEach(func(_, v []byte) error {
 			n, blob, err := callSizes(v)
 			if err != nil {
@@ -757,16 +755,11 @@ func countCalls(tx *bolt.Tx) (callTotals, error) {
 	return t, err
 }
 
-// Usage measures the store: the call totals, the sessions (counted) and the file.
+// Usage measures the store: its totals and its file.
 func (s *Store) Usage() (Usage, error) {
 	var u Usage
 	err := s.db.View(func(tx *bolt.Tx) error {
-		var t callTotals
-		if err := getJSON(tx.Bucket(bMeta), kUsage, &t, "usage totals"); err != nil {
-			return err
-		}
-		u.Calls, u.PromptIDs, u.CallBytes, u.JSONBytes = t.Calls, t.PromptIDs, t.CallBytes, t.JSONBytes
-		return tx.Bucket(bSessions).ForEachBucket(func([]byte) error { u.Sessions++; return nil })
+		return getJSON(tx.Bucket(bMeta), kUsage, &u.Totals, "usage totals")
 	})
 	if err != nil {
 		return u, err
