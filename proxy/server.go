@@ -28,8 +28,8 @@ type Dialects struct {
 type Server struct {
 	Dialects Dialects
 	Engine   Engine
-	Sessions Sessions
-	Recorder Recorder
+	Sessions trace.SessionKeys
+	Recorder trace.CallRecorder
 	Gate     *Gate
 	// OpenSessions lets a call with an unknown key create its session instead of being
 	// refused.

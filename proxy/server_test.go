@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 // fakeVLLM is an upstream speaking vLLM's wire format with a scripted answer: each
@@ -173,7 +174,7 @@ func answer() []fakePiece {
 
 type fixture struct {
 	up    *fakeVLLM
-	store *MemStore
+	store *mem.Store
 	gate  *Gate
 	srv   *Server
 	url   string
@@ -183,7 +184,7 @@ func newFixture(t *testing.T, up *fakeVLLM) *fixture {
 	t.Helper()
 	upstream := httptest.NewServer(up.handler())
 	t.Cleanup(upstream.Close)
-	f := &fixture{up: up, store: &MemStore{}, gate: &Gate{}}
+	f := &fixture{up: up, store: &mem.Store{}, gate: &Gate{}}
 	f.store.AddSession("key-1", "sess-1")
 	f.srv = &Server{
 		Dialects: Dialects{Chat: OpenAIChat{}}, Engine: &VLLM{BaseURL: upstream.URL},
@@ -338,7 +339,7 @@ func TestUpstreamRefusingConnections(t *testing.T) {
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there now
-	store := &MemStore{}
+	store := &mem.Store{}
 	store.AddSession("k", "s")
 	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}}, Engine: &VLLM{BaseURL: "http://" + addr, Model: "m"},
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
@@ -539,7 +540,7 @@ func TestUpstreamDyingBeforeTheFirstDelta(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the proxy has read the first chunk and is idle
 	}))
 	defer up.Close()
-	store := &MemStore{}
+	store := &mem.Store{}
 	store.AddSession("k", "s")
 	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}}, Engine: &VLLM{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 // fakeSGLang answers as SGLang's OpenAI-compatible server does, with the field names of
@@ -169,7 +171,7 @@ func sglChoice(resp map[string]any, i int) map[string]any {
 
 type sglFixture struct {
 	up    *fakeSGLang
-	store *MemStore
+	store *mem.Store
 	srv   *Server
 	url   string
 }
@@ -178,7 +180,7 @@ func newSGLFixture(t *testing.T, up *fakeSGLang) *sglFixture {
 	t.Helper()
 	upstream := httptest.NewServer(up.handler())
 	t.Cleanup(upstream.Close)
-	f := &sglFixture{up: up, store: &MemStore{}}
+	f := &sglFixture{up: up, store: &mem.Store{}}
 	f.store.AddSession("key-1", "sess-1")
 	f.srv = &Server{
 		Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: &SGLang{BaseURL: upstream.URL},
@@ -542,7 +544,7 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there now
 	engine := &SGLang{BaseURL: "http://" + addr}
-	store := &MemStore{}
+	store := &mem.Store{}
 	store.AddSession("k", "s")
 	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: engine,
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})

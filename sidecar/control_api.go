@@ -12,7 +12,7 @@ import (
 	"github.com/floe-rl/floe/trace"
 )
 
-// SessionStore is what the control API needs of the trace store: proxy.MemStore or the
+// SessionStore is what the control API needs of the trace store: mem.Store or the
 // durable bolt.Store.
 type SessionStore interface {
 	CreateSession(s trace.Session, key string) error

@@ -12,10 +12,11 @@ import (
 
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 func TestControlAPISessionsAndPause(t *testing.T) {
-	store, gate := &proxy.MemStore{}, &proxy.Gate{}
+	store, gate := &mem.Store{}, &proxy.Gate{}
 	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test"}
 	behind := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "proxy") })
 	srv := httptest.NewServer(api.Handler(behind))

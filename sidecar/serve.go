@@ -297,7 +297,7 @@ type stepFormer struct {
 	metrics *Metrics
 }
 
-func (f *stepFormer) run(ctx context.Context, pending []bolt.StepRecord) error {
+func (f *stepFormer) run(ctx context.Context, pending []trace.StepRecord) error {
 	// Recovery: the steps saved but not committed, formed again from the same groups.
 	for _, rec := range pending {
 		for f.ready.NextNumber() < rec.N {
@@ -338,7 +338,7 @@ func (f *stepFormer) formReady(ctx context.Context) error {
 		if len(ids) < f.cfg.GroupsPerStep {
 			return nil
 		}
-		rec := bolt.StepRecord{N: f.ready.NextNumber(), Groups: ids[:f.cfg.GroupsPerStep]}
+		rec := trace.StepRecord{N: f.ready.NextNumber(), Groups: ids[:f.cfg.GroupsPerStep]}
 		if f.cfg.MaxStaleness >= 0 {
 			_, current, _ := f.gate.State()
 			rec.MinPolicyVersion = max(0, current-f.cfg.MaxStaleness)
@@ -387,7 +387,7 @@ func (f *stepFormer) timeOutGroups() error {
 // first; groups that cannot be trained on (too few usable sessions, nothing trainable, a
 // path longer than the budget) are dropped with the reason, and the step formed without
 // them.
-func (f *stepFormer) put(ctx context.Context, rec bolt.StepRecord, fresh bool) error {
+func (f *stepFormer) put(ctx context.Context, rec trace.StepRecord, fresh bool) error {
 	n, ids := rec.N, rec.Groups
 	began := time.Now()
 	bc := f.cfg.Batcher
@@ -434,7 +434,7 @@ func (f *stepFormer) put(ctx context.Context, rec bolt.StepRecord, fresh bool) e
 				return fmt.Errorf("recording step %d's token budget: %w", n, err)
 			}
 		}
-		if err := f.store.SaveStepRecord(bolt.StepRecord{N: n, Groups: keep, MinPolicyVersion: rec.MinPolicyVersion}); err != nil {
+		if err := f.store.SaveStepRecord(trace.StepRecord{N: n, Groups: keep, MinPolicyVersion: rec.MinPolicyVersion}); err != nil {
 			return fmt.Errorf("saving step %d: %w", n, err)
 		}
 	}

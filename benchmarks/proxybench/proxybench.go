@@ -19,6 +19,7 @@ import (
 
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 // Options sizes the run.
@@ -129,7 +130,7 @@ func percentile(xs []time.Duration, p float64) float64 {
 func Run(ctx context.Context, opt Options) (*Report, error) {
 	up := httptest.NewServer(upstream(opt.StreamChunks))
 	defer up.Close()
-	store := &proxy.MemStore{}
+	store := &mem.Store{}
 	store.AddSession("bench", "bench")
 	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: proxy.OpenAIChat{}}, Engine: &proxy.VLLM{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: discard{}, Gate: &proxy.Gate{}, Log: slog.New(slog.DiscardHandler)})

@@ -18,6 +18,7 @@ import (
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 // runProxy serves the proxy alone, recording calls in memory and appending each, as one
@@ -50,7 +51,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("-engine: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	store := &proxy.MemStore{}
+	store := &mem.Store{}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" || v == "" {
@@ -58,7 +59,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		store.AddSession(k, v)
 	}
-	var rec proxy.Recorder = store
+	var rec trace.CallRecorder = store
 	if *record != "" {
 		f, err := os.OpenFile(*record, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
@@ -92,7 +93,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 // fileRecorder records into next, then appends the call to f and syncs it, so a call is
 // on disk before its answer ends.
 type fileRecorder struct {
-	next proxy.Recorder
+	next trace.CallRecorder
 	mu   sync.Mutex
 	f    *os.File
 }

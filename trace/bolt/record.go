@@ -91,7 +91,7 @@ func (s *Store) dropCache(id string, sc *sessCache) {
 	sc.orphaned = true
 }
 
-// Record assigns c its index within its session and stores it (proxy.Recorder): a call
+// Record assigns c its index within its session and stores it (trace.CallRecorder): a call
 // with Choice > 0 takes the index of the call before it, as the choices of one n>1
 // request share an index. It returns once the call is on disk. The session must exist
 // and be running. The call's slices are not retained.

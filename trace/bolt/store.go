@@ -41,29 +41,21 @@ const FormatVersion = 2
 // FileName is the database file inside the data dir.
 const FileName = "floe.db"
 
+// The store's errors are trace's, so callers test them without importing bolt.
 var (
-	// ErrUnknownSession: no session with that id (or key).
-	ErrUnknownSession = errors.New("unknown session")
-	// ErrSessionExists: CreateSession with an id already in the store.
-	ErrSessionExists = errors.New("session already exists")
-	// ErrSessionFinished: the session was already finished; it takes no calls and no
-	// second finish.
-	ErrSessionFinished = errors.New("session already finished")
-	// ErrUnknownGroup: no group with that id.
-	ErrUnknownGroup = errors.New("unknown group")
-	// ErrUnknownStep: CommitStep of a step never saved.
-	ErrUnknownStep = errors.New("unknown step")
-	// ErrCommitted: the step was committed already (exactly once, across restarts).
-	ErrCommitted = errors.New("step already committed")
+	ErrUnknownSession  = trace.ErrUnknownSession
+	ErrSessionExists   = trace.ErrSessionExists
+	ErrSessionFinished = trace.ErrSessionFinished
+	ErrUnknownGroup    = trace.ErrUnknownGroup
+	ErrUnknownStep     = trace.ErrUnknownStep
+	ErrCommitted       = trace.ErrCommitted
+	ErrClosed          = trace.ErrClosed
+	ErrReadOnly        = trace.ErrReadOnly
 	// ErrFormat: the file was written by a newer floe, or is not a floe store.
 	ErrFormat = errors.New("unsupported store format")
 	// ErrCorrupt: the file is not a readable bbolt database, or a record in it does not
 	// decode. The file is never truncated or recreated.
 	ErrCorrupt = errors.New("corrupt store")
-	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("store closed")
-	// ErrReadOnly is returned by every write to a store opened with Options.ReadOnly.
-	ErrReadOnly = errors.New("store opened read-only")
 )
 
 // CommitMode is how writes reach disk. Every mode fsyncs before the write returns.
@@ -406,7 +398,7 @@ func (s *Store) AddKey(key, session string) error {
 	})
 }
 
-// Resolve returns the session of key (proxy.Sessions).
+// Resolve returns the session of key (trace.SessionKeys).
 func (s *Store) Resolve(key string) (string, bool) {
 	var id string
 	s.db.View(func(tx *bolt.Tx) error { //nolint:errcheck
@@ -419,7 +411,7 @@ func (s *Store) Resolve(key string) (string, bool) {
 }
 
 // Open resolves key, creating a session with id key (no task, no group) and key as its key
-// when the key is unknown (proxy.Sessions, for open sessions).
+// when the key is unknown (trace.SessionKeys, for open sessions).
 func (s *Store) Open(key string) (string, error) {
 	if key == "" {
 		return "", errors.New("open session: empty key")
@@ -619,38 +611,16 @@ func (s *Store) Group(id string) (trace.Group, error) {
 	return out, err
 }
 
-// GroupState is a group's bookkeeping, without calls.
-type GroupState struct {
-	ID         string
-	TaskID     string
-	Size       int // 0 when never set
-	Sessions   int // sessions created in the group
-	Finished   int // of which finished
-	Step       int64
-	Dropped    bool
-	DropReason string
-	// Created is when the group's first session was created; TimedOut whether the group
-	// was ended by the group timeout.
-	Created  time.Time
-	TimedOut bool
-}
-
-// Complete reports whether the group is ready to be formed into a step: every session
-// finished, at least Size sessions (unless it timed out), not dropped, in no step yet.
-func (g GroupState) Complete() bool {
-	return g.Sessions > 0 && g.Finished == g.Sessions && (g.TimedOut || g.Sessions >= g.Size) && !g.Dropped && g.Step < 0
-}
-
 // Groups lists every group's state, by id.
-func (s *Store) Groups() ([]GroupState, error) {
-	var out []GroupState
+func (s *Store) Groups() ([]trace.GroupState, error) {
+	var out []trace.GroupState
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bGroups).ForEachBucket(func(gid []byte) error {
 			b, gi, err := groupBucket(tx, string(gid))
 			if err != nil {
 				return err
 			}
-			st := GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped,
+			st := trace.GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped,
 				DropReason: gi.DropReason, Created: gi.Created, TimedOut: gi.TimedOut}
 			err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
 				_, info, err := sessionBucket(tx, string(sid))
@@ -673,7 +643,7 @@ func (s *Store) Groups() ([]GroupState, error) {
 	return out, err
 }
 
-// FinishedGroups lists the groups ready to be formed into a step (GroupState.Complete).
+// FinishedGroups lists the groups ready to be formed into a step (trace.GroupState.Complete).
 func (s *Store) FinishedGroups() ([]string, error) {
 	gs, err := s.Groups()
 	if err != nil {
@@ -798,17 +768,6 @@ func (s *Store) PolicyVersion() (int64, error) {
 	return v, err
 }
 
-// StepRecord is a saved step: its number and the groups it was formed from, in order.
-type StepRecord struct {
-	N      int64
-	Groups []string
-	// MinPolicyVersion is the staleness cut-off the step was formed with: calls sampled by
-	// an older policy were not trained on. 0: none.
-	MinPolicyVersion int64
-	Committed        bool
-	Saved            time.Time
-}
-
 type stepValue struct {
 	Groups           []string  `json:"groups"`
 	MinPolicyVersion int64     `json:"min_policy_version,omitempty"`
@@ -822,12 +781,12 @@ type stepValue struct {
 // groups an error, and a committed step fails with ErrCommitted. A group can be in one
 // step only.
 func (s *Store) SaveStep(n int64, groupIDs []string) error {
-	return s.SaveStepRecord(StepRecord{N: n, Groups: groupIDs})
+	return s.SaveStepRecord(trace.StepRecord{N: n, Groups: groupIDs})
 }
 
 // SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off), which
 // Steps returns so that a restart forms the step again the same way.
-func (s *Store) SaveStepRecord(rec StepRecord) error {
+func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 	n, groupIDs := rec.N, rec.Groups
 	if n < 0 {
 		return fmt.Errorf("save step %d: negative step", n)
@@ -894,7 +853,7 @@ func (s *Store) CommitStep(n int64) error {
 // sidecar forms again from their groups and serves; and the highest committed step
 // number (-1 when none), below which and at which nothing is served again. New steps are
 // numbered after both.
-func (s *Store) Steps() (uncommitted []StepRecord, lastCommitted int64, err error) {
+func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, err error) {
 	lastCommitted = -1
 	err = s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
@@ -910,7 +869,7 @@ func (s *Store) Steps() (uncommitted []StepRecord, lastCommitted int64, err erro
 				lastCommitted = max(lastCommitted, n)
 				return nil
 			}
-			uncommitted = append(uncommitted, StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, Saved: sv.Saved})
+			uncommitted = append(uncommitted, trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, Saved: sv.Saved})
 			return nil
 		})
 	})

@@ -422,7 +422,7 @@ func TestSessionLifecycle(t *testing.T) {
 		t.Fatalf("Groups = %+v", gs)
 	}
 	gs[0].Created = time.Time{}
-	if gs[0] != (GroupState{ID: "g", TaskID: "t", Size: 3, Sessions: 2, Finished: 1, Step: -1}) {
+	if gs[0] != (trace.GroupState{ID: "g", TaskID: "t", Size: 3, Sessions: 2, Finished: 1, Step: -1}) {
 		t.Fatalf("Groups = %+v", gs)
 	}
 	must(s.FinishSession("b", 0, trace.StatusTimeout))
@@ -567,10 +567,10 @@ func TestGroupTimeout(t *testing.T) {
 		t.Fatalf("unknown group: %v", err)
 	}
 	// The step keeps its staleness cut-off across a restart.
-	if err := s.SaveStepRecord(StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}); err != nil {
+	if err := s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SaveStepRecord(StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 2}); err == nil {
+	if err := s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 2}); err == nil {
 		t.Fatal("step saved again with another cut-off")
 	}
 	s = reopen(t, s, dir)

@@ -1,4 +1,6 @@
-package proxy
+// Package mem is floe's trace store in memory: for tests and for runs that need no
+// durability (floe proxy). It plays the roles of trace's store contract that it can.
+package mem
 
 import (
 	"context"
@@ -8,24 +10,9 @@ import (
 	"github.com/floe-rl/floe/trace"
 )
 
-// Sessions maps the key a harness presents to the session it belongs to.
-type Sessions interface {
-	// Resolve returns the session of key, ok false when the key is unknown.
-	Resolve(key string) (session string, ok bool)
-	// Open creates a session for an unknown key; used only with open sessions.
-	Open(key string) (session string, err error)
-}
-
-// Recorder stores recorded calls.
-type Recorder interface {
-	// Record assigns c its call index within its session and stores it; it returns once
-	// the call is durable, before the harness sees the answer.
-	Record(ctx context.Context, c *trace.Call) error
-}
-
-// MemStore is an in-memory Sessions and Recorder, and keeps sessions' task, group and
-// outcome: for tests and for runs that need no durability (floe proxy).
-type MemStore struct {
+// Store is an in-memory trace.SessionKeys, CallRecorder and SessionStore; it keeps
+// sessions' task, group and outcome.
+type Store struct {
 	mu       sync.Mutex
 	keys     map[string]string
 	calls    map[string][]trace.Call
@@ -34,12 +21,13 @@ type MemStore struct {
 }
 
 var (
-	_ Sessions = (*MemStore)(nil)
-	_ Recorder = (*MemStore)(nil)
+	_ trace.SessionKeys  = (*Store)(nil)
+	_ trace.CallRecorder = (*Store)(nil)
+	_ trace.SessionStore = (*Store)(nil)
 )
 
 // AddSession registers key as the API key of session.
-func (m *MemStore) AddSession(key, session string) {
+func (m *Store) AddSession(key, session string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.keys == nil {
@@ -48,21 +36,21 @@ func (m *MemStore) AddSession(key, session string) {
 	m.keys[key] = session
 }
 
-func (m *MemStore) Resolve(key string) (string, bool) {
+func (m *Store) Resolve(key string) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.keys[key]
 	return s, ok
 }
 
-func (m *MemStore) Open(key string) (string, error) {
+func (m *Store) Open(key string) (string, error) {
 	m.AddSession(key, key)
 	return key, nil
 }
 
 // Record stores c. Choices of one n>1 request share one index: a call with Choice > 0
 // takes the index of the call before it.
-func (m *MemStore) Record(_ context.Context, c *trace.Call) error {
+func (m *Store) Record(_ context.Context, c *trace.Call) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.calls == nil {
@@ -82,7 +70,7 @@ func (m *MemStore) Record(_ context.Context, c *trace.Call) error {
 }
 
 // CreateSession registers s (running) with its API key.
-func (m *MemStore) CreateSession(s trace.Session, key string) error {
+func (m *Store) CreateSession(s trace.Session, key string) error {
 	m.mu.Lock()
 	if m.sessions == nil {
 		m.sessions = map[string]*trace.Session{}
@@ -99,11 +87,11 @@ func (m *MemStore) CreateSession(s trace.Session, key string) error {
 	return nil
 }
 
-// SetGroupSize is a no-op: MemStore forms no groups.
-func (m *MemStore) SetGroupSize(string, int) error { return nil }
+// SetGroupSize is a no-op: Store forms no groups.
+func (m *Store) SetGroupSize(string, int) error { return nil }
 
 // FinishSession records the session's reward and outcome, once.
-func (m *MemStore) FinishSession(id string, reward float64, status trace.Status) error {
+func (m *Store) FinishSession(id string, reward float64, status trace.Status) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sessions[id]
@@ -118,7 +106,7 @@ func (m *MemStore) FinishSession(id string, reward float64, status trace.Status)
 }
 
 // Session returns the session with its calls.
-func (m *MemStore) Session(id string) (trace.Session, error) {
+func (m *Store) Session(id string) (trace.Session, error) {
 	m.mu.Lock()
 	s, ok := m.sessions[id]
 	m.mu.Unlock()
@@ -131,7 +119,7 @@ func (m *MemStore) Session(id string) (trace.Session, error) {
 }
 
 // Calls returns a copy of the calls recorded for session.
-func (m *MemStore) Calls(session string) []trace.Call {
+func (m *Store) Calls(session string) []trace.Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return append([]trace.Call(nil), m.calls[session]...)

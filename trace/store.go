@@ -1,0 +1,152 @@
+package trace
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// The store contract. A store plays one or more roles; each consumer asks only for the
+// roles it uses (the proxy records calls and resolves keys, the control API manages
+// sessions, the step former reads groups and saves steps). trace/bolt is the durable
+// store floe serve runs on; trace/mem holds the same in memory (tests, floe proxy);
+// trace/jsonl appends recorded calls to a file and reads them back. trace/tracetest is
+// the conformance suite every implementation of a role passes.
+//
+// Errors: every method wraps one of the sentinel errors below where the case it names
+// applies, so callers test with errors.Is and never compare strings; other errors (I/O,
+// a corrupt record) are the store's own and mean the store cannot serve the call.
+
+var (
+	// ErrUnknownSession: no session with that id (or key).
+	ErrUnknownSession = errors.New("unknown session")
+	// ErrSessionExists: CreateSession with an id already in the store.
+	ErrSessionExists = errors.New("session already exists")
+	// ErrSessionFinished: the session was already finished; it takes no calls and no
+	// second finish.
+	ErrSessionFinished = errors.New("session already finished")
+	// ErrUnknownGroup: no group with that id.
+	ErrUnknownGroup = errors.New("unknown group")
+	// ErrGroupSize: a group's size was already set to another value; the first one
+	// given is kept.
+	ErrGroupSize = errors.New("group size already set")
+	// ErrUnknownStep: CommitStep of a step never saved.
+	ErrUnknownStep = errors.New("unknown step")
+	// ErrStepConflict: SaveStep of a step number already saved with other groups, or of
+	// a group already in another step.
+	ErrStepConflict = errors.New("step conflicts with a saved step")
+	// ErrCommitted: the step was committed already (exactly once, across restarts).
+	ErrCommitted = errors.New("step already committed")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("store closed")
+	// ErrReadOnly is returned by every write to a store opened read-only.
+	ErrReadOnly = errors.New("store opened read-only")
+)
+
+// CallRecorder stores recorded calls.
+type CallRecorder interface {
+	// Record assigns c its call index within its session (a call with Choice > 0 takes
+	// the index of the choice-0 call before it) and stores it. It returns once the call
+	// is durable, before the harness sees the answer. ErrUnknownSession or
+	// ErrSessionFinished when the session takes no calls (stores that know sessions).
+	Record(ctx context.Context, c *Call) error
+}
+
+// SessionKeys maps the API key a harness presents to the session it belongs to.
+type SessionKeys interface {
+	// Resolve returns the session of key, ok false when the key is unknown.
+	Resolve(key string) (session string, ok bool)
+	// Open creates a session for an unknown key (open sessions only) and returns it;
+	// a known key returns its session.
+	Open(key string) (session string, err error)
+}
+
+// SessionStore creates and finishes sessions.
+type SessionStore interface {
+	// CreateSession stores s (its ID, TaskID and GroupID) as running, with key as its
+	// API key. ErrSessionExists when the id is taken.
+	CreateSession(s Session, key string) error
+	// SetGroupSize records how many sessions complete group id; the first size given
+	// is kept, and another one fails with ErrGroupSize.
+	SetGroupSize(group string, size int) error
+	// FinishSession records a running session's outcome. ErrUnknownSession,
+	// ErrSessionFinished.
+	FinishSession(id string, reward float64, status Status) error
+	// Session returns session id with its calls. ErrUnknownSession.
+	Session(id string) (Session, error)
+}
+
+// GroupStore reads groups and ends them.
+type GroupStore interface {
+	// Groups lists every group's state, by id.
+	Groups() ([]GroupState, error)
+	// Group returns group id with its sessions (in creation order) and their calls.
+	// ErrUnknownGroup.
+	Group(id string) (Group, error)
+	// DropGroup marks group id dropped, with the reason: it never goes into a step.
+	// ErrUnknownGroup.
+	DropGroup(id, reason string) error
+	// TimeOutGroup ends group id at the group timeout: in one write the group is marked
+	// timed out and its running sessions finish as timeout with reward 0. It returns the
+	// sessions it finished. ErrUnknownGroup.
+	TimeOutGroup(id string) ([]string, error)
+}
+
+// StepStore records the steps formed and committed.
+type StepStore interface {
+	// SaveStepRecord records step rec.N with its groups (in order), durable when it
+	// returns. Saving the same record again is a no-op; another record under the same
+	// number, or a group already in another step, fails with ErrStepConflict; a
+	// committed step with ErrCommitted.
+	SaveStepRecord(rec StepRecord) error
+	// CommitStep records that the trainer consumed step n, exactly once: ErrCommitted on
+	// a second commit (also after a restart), ErrUnknownStep for a step never saved.
+	CommitStep(n int64) error
+	// Steps returns the saved steps not yet committed, by number, and the highest
+	// committed step number (-1 when none).
+	Steps() (uncommitted []StepRecord, lastCommitted int64, err error)
+}
+
+// PolicyVersions keeps the policy version rollouts run under, across restarts.
+type PolicyVersions interface {
+	SetPolicyVersion(v int64) error
+	// PolicyVersion is the last version set; 0 when none.
+	PolicyVersion() (int64, error)
+}
+
+// GroupState is a group's bookkeeping, without calls.
+type GroupState struct {
+	ID         string
+	TaskID     string
+	Size       int // 0 when never set
+	Sessions   int // sessions created in the group
+	Finished   int // of which finished
+	Step       int64
+	Dropped    bool
+	DropReason string
+	// Created is when the group's first session was created; TimedOut whether the group
+	// was ended by the group timeout.
+	Created  time.Time
+	TimedOut bool
+}
+
+// Complete reports whether the group is ready to be formed into a step: every session
+// finished, at least Size sessions (unless it timed out), not dropped, in no step yet.
+func (g GroupState) Complete() bool {
+	return g.Sessions > 0 && g.Finished == g.Sessions && (g.TimedOut || g.Sessions >= g.Size) && !g.Dropped && g.Step < 0
+}
+
+// StepRecord is a saved step: its number, the groups it was formed from in order, and
+// what a restart needs to form it again byte for byte.
+type StepRecord struct {
+	N      int64
+	Groups []string
+	// MinPolicyVersion is the staleness cut-off the step was formed with: calls sampled by
+	// an older policy were not trained on. 0: none.
+	MinPolicyVersion int64
+	// TokenBudget is the budget the step was packed with; 0 in records written before
+	// floe kept it (the fixed budget then applies).
+	TokenBudget int
+	Committed   bool
+	Saved       time.Time
+}
