@@ -76,8 +76,8 @@ type Step struct {
 var ErrNothingToTrain = errors.New("nothing to train")
 
 // Reconstructed is one group turned into sequences under a strategy, with its samples
-// and their advantages. The sidecar reconstructs each group as it completes and packs a
-// step from several.
+// and their advantages. floe serve reconstructs each group once, when it completes, and
+// packs a step from several.
 type Reconstructed struct {
 	Group    *trace.Group
 	Strategy Strategy
@@ -116,6 +116,23 @@ func Reconstruct(g *trace.Group, cfg Config) (*Reconstructed, error) {
 
 // DistinctRows is the number of rows the group's forest holds before any cut.
 func (r *Reconstructed) DistinctRows() int64 { return r.stats.DistinctRows }
+
+// OldestTrainable is the oldest policy version among the group's trainable calls; ok is
+// false when it has none.
+func (r *Reconstructed) OldestTrainable() (version int64, ok bool) {
+	return r.vmin, r.stats.TrainableCalls > 0
+}
+
+// LongestPath is the group's longest root-to-leaf path in rows and the session whose
+// call made it: Pack fails on a token budget below it.
+func (r *Reconstructed) LongestPath() (rows int64, session string) {
+	for _, lf := range r.lay.leaves {
+		if lf.length > rows {
+			rows, session = lf.length, r.Samples[r.forest.nodes[lf.node].creator].SessionID
+		}
+	}
+	return rows, session
+}
 
 // addSamples sets one sample per session of the group with its advantage.
 func (r *Reconstructed) addSamples(kind Advantage) {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -293,46 +294,6 @@ func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
 	}
 }
 
-// TestServeAutoBudgetRecordedPerStep: the durable record of each step's budget, which a
-// restart forms uncommitted steps again with, survives a reload, forgets committed
-// steps and refuses a corrupt file.
-func TestServeAutoBudgetRecordedPerStep(t *testing.T) {
-	dir := t.TempDir()
-	b, err := loadStepBudgets(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.set(3, 512); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.set(4, 640); err != nil {
-		t.Fatal(err)
-	}
-	again, err := loadStepBudgets(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, ok := again.get(4); !ok || v != 640 {
-		t.Fatalf("step 4's budget after reload: %d %v", v, ok)
-	}
-	if err := again.forget(4, 4); err != nil {
-		t.Fatal(err)
-	}
-	third, _ := loadStepBudgets(dir)
-	if _, ok := third.get(3); ok {
-		t.Fatal("step 3 (below the first kept) still recorded")
-	}
-	if _, ok := third.get(4); ok {
-		t.Fatal("step 4 (forgotten) still recorded")
-	}
-	if err := os.WriteFile(dir+"/"+budgetsFile, []byte("{"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := loadStepBudgets(dir); err == nil || !strings.Contains(err.Error(), "corrupt") {
-		t.Fatalf("a corrupt budget record: %v", err)
-	}
-}
-
 // TestServeGPUWindow runs a step on a fake one-GPU machine: the step's GPU window (from
 // its first micro-batch to its commit) is in the status action and /metrics, the
 // trainer PID from the report is watched, and the device peak reaches the controller.
@@ -480,11 +441,11 @@ func serveUntil(t *testing.T, cfg Config) (Addrs, func()) {
 	}
 }
 
-// TestFormableStepsAgreesWithTheStepFormer records six groups (two whose sessions all
-// failed) without forming steps, counts the steps FormableSteps expects, then lets floe
-// serve form them: the counts agree. It also checks that the policy version of the last
+// TestPlanStepsAgreesWithTheStepFormer records six groups (two whose sessions all
+// failed) without forming steps, asks PlanSteps which steps floe would form, then lets
+// floe serve form them: the counts agree. It also checks that the policy version of the last
 // resume survives the restart.
-func TestFormableStepsAgreesWithTheStepFormer(t *testing.T) {
+func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.GroupsPerStep = 1 << 30 // record only
 	a, stop := serveUntil(t, cfg)
@@ -509,10 +470,11 @@ func TestFormableStepsAgreesWithTheStepFormer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := FormableSteps(st, cfg)
+	forms, err := PlanSteps(st, cfg)
 	st.Close()
-	if err != nil || want != 2 {
-		t.Fatalf("FormableSteps = %d %v; want 2 ([g0 g1], [g4 g5]; [g2 g3] has nothing to train)", want, err)
+	want := len(forms)
+	if err != nil || want != 2 || !slices.Equal(forms[0].Groups, []string{"g0", "g1"}) || !slices.Equal(forms[1].Groups, []string{"g4", "g5"}) {
+		t.Fatalf("PlanSteps = %+v %v; want [g0 g1], [g4 g5] ([g2 g3] have nothing to train)", forms, err)
 	}
 	r = startServe(t, cfg)
 	waitFor(t, "every complete group formed or dropped", func() bool {
@@ -520,7 +482,7 @@ func TestFormableStepsAgreesWithTheStepFormer(t *testing.T) {
 		return metric(m, `floe_groups{state="complete"}`) == 0 && metric(m, `floe_groups{state="dropped"}`) == 2
 	})
 	if got := metric(r.metrics(), `floe_steps_formed_total{recovered="false"}`); got != float64(want) {
-		t.Fatalf("floe formed %v steps, FormableSteps said %d", got, want)
+		t.Fatalf("floe formed %v steps, PlanSteps said %d", got, want)
 	}
 	if v := r.action("status", `{}`)["policy_version"]; v != 4.0 {
 		t.Fatalf("policy version after a restart: %v, want 4", v)

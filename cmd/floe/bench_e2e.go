@@ -327,7 +327,8 @@ func formableSteps(dir string, cfg sidecar.Config) (int, error) {
 		return 0, err
 	}
 	defer st.Close()
-	return sidecar.FormableSteps(st, cfg)
+	forms, err := sidecar.PlanSteps(st, cfg)
+	return len(forms), err
 }
 
 // runTrainer runs the trainer for steps and shows its step lines.
