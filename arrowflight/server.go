@@ -49,8 +49,9 @@ type Observer interface {
 	Served(step int64, rank, rows, bytes int)
 }
 
-// StatusReporter is an optional interface of a Control: the fields of its Status (a
-// JSON object) are added to the status action's answer.
+// StatusReporter is an optional interface of a Control: its Status (JSON-encodable) is
+// the status action's whole answer. Without it the action answers the pause state, the
+// policy version and the Source's Status under "buffer".
 type StatusReporter interface {
 	Status() any
 }
@@ -447,16 +448,15 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		}
 		result = map[string]any{"paused": false, "policy_version": *req.PolicyVersion}
 	case "status":
-		st := map[string]any{"paused": s.Control.Paused(), "policy_version": s.Control.PolicyVersion()}
-		if b, err := json.Marshal(s.Source.Status()); err == nil {
-			_ = json.Unmarshal(b, &st)
-		}
 		if sr, ok := s.Control.(StatusReporter); ok {
-			if b, err := json.Marshal(sr.Status()); err == nil {
-				_ = json.Unmarshal(b, &st)
-			}
+			result = sr.Status()
+			break
 		}
-		result = st
+		result = struct {
+			Paused        bool  `json:"paused"`
+			PolicyVersion int64 `json:"policy_version"`
+			Buffer        any   `json:"buffer"`
+		}{s.Control.Paused(), s.Control.PolicyVersion(), s.Source.Status()}
 	default:
 		names := make([]string, len(actions))
 		for i, x := range actions {

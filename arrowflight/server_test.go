@@ -48,7 +48,8 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 	}
 	cfg := batcher.DefaultConfig()
 	cfg.DPSize, cfg.TokenBudget, cfg.PadMultiple = dp, 1024, 16
-	f := &fixture{ready: sidecar.NewReady(ahead, 0), control: &sidecar.TrainerControl{Log: slog.New(slog.DiscardHandler)},
+	ready := sidecar.NewReady(ahead, 0)
+	f := &fixture{ready: ready, control: &sidecar.TrainerControl{Log: slog.New(slog.DiscardHandler), Ready: ready},
 		mem: memory.NewCheckedAllocator(memory.NewGoAllocator())}
 	for i := 0; i < len(groups); i += 2 {
 		st, err := batcher.FormStep(int64(i/2), groups[i:i+2], cfg)

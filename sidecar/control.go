@@ -24,9 +24,11 @@ type TrainerControl struct {
 	// OnReport, when set, is called with every accepted report (floe serve: metrics,
 	// trainer PIDs for the GPU monitor, the step's end and the token budget).
 	OnReport func(arrowflight.Report)
-	// StatusFields, when set, adds its fields to the status action (token budget, GPU
-	// and last-step figures).
-	StatusFields func() map[string]any
+	// Ready, when set, is the READY buffer whose state the status reports.
+	Ready *Ready
+	// Describe, when set, adds floe serve's figures to a status: token budget, GPU,
+	// last step, store.
+	Describe func(*Status)
 
 	mu      sync.Mutex
 	own     *proxy.Gate // when Gate is nil
@@ -88,19 +90,24 @@ func (c *TrainerControl) Report(r arrowflight.Report) error {
 	return nil
 }
 
-// Status implements arrowflight.StatusReporter: each rank's last report ("reports", in
-// rank order) and the StatusFields.
-func (c *TrainerControl) Status() any {
-	out := map[string]any{}
-	if c.StatusFields != nil {
-		out = c.StatusFields()
+// Status implements arrowflight.StatusReporter: the Flight status action answers a
+// Snapshot.
+func (c *TrainerControl) Status() any { return c.Snapshot() }
+
+// Snapshot is floe's Status now.
+func (c *TrainerControl) Snapshot() Status {
+	paused, version, inflight := c.gate().State()
+	out := Status{Paused: paused, PolicyVersion: version, Inflight: inflight, Reports: []arrowflight.Report{}}
+	if c.Ready != nil {
+		out.ReadyStatus = c.Ready.Snapshot()
 	}
-	ranks := []arrowflight.Report{}
 	for _, r := range c.Reports() {
-		ranks = append(ranks, r)
+		out.Reports = append(out.Reports, r)
 	}
-	slices.SortFunc(ranks, func(a, b arrowflight.Report) int { return a.Rank - b.Rank })
-	out["reports"] = ranks
+	slices.SortFunc(out.Reports, func(a, b arrowflight.Report) int { return a.Rank - b.Rank })
+	if c.Describe != nil {
+		c.Describe(&out)
+	}
 	return out
 }
 

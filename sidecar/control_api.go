@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
 )
@@ -39,8 +40,9 @@ type ControlAPI struct {
 	FinishedStatus func(trace.Status)
 	// Metrics, when set, is served at GET /metrics.
 	Metrics http.Handler
-	// StatusFields, when set, adds its fields to GET /floe/v1/status.
-	StatusFields func() map[string]any
+	// Status, when set, is floe's status for GET /floe/v1/status (the same the Flight
+	// status action answers); without it the gate's state alone is reported.
+	Status func() Status
 
 	mu       sync.Mutex
 	sessions int
@@ -195,15 +197,17 @@ func (c *ControlAPI) resume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *ControlAPI) status(w http.ResponseWriter, _ *http.Request) {
-	paused, version, inflight := c.Gate.State()
+	var out Status
+	if c.Status != nil {
+		out = c.Status()
+	} else {
+		out.Paused, out.PolicyVersion, out.Inflight = c.Gate.State()
+		out.Reports = []arrowflight.Report{}
+	}
 	c.mu.Lock()
 	n := c.sessions
 	c.mu.Unlock()
-	out := map[string]any{}
-	if c.StatusFields != nil {
-		out = c.StatusFields()
-	}
-	out["paused"], out["policy_version"], out["inflight"], out["sessions"] = paused, version, inflight, n
+	out.Sessions = &n
 	c.reply(w, out)
 }
 

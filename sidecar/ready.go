@@ -223,7 +223,11 @@ type ReadyStatus struct {
 	Closed     bool    `json:"closed"`
 }
 
-func (r *Ready) Status() any {
+// Status implements arrowflight.Source: a Snapshot.
+func (r *Ready) Status() any { return r.Snapshot() }
+
+// Snapshot is the buffer's state now.
+func (r *Ready) Snapshot() ReadyStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return ReadyStatus{Ready: r.readyLocked(), NextStep: r.next, Committed: len(r.committed), StepsAhead: r.ahead, Closed: r.closed}

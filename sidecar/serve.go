@@ -192,19 +192,19 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		pl.Close()
 		return fmt.Errorf("flight listen: %w", err)
 	}
+	describe := func(st *Status) {
+		steps.describe(st)
+		if u, err := store.Usage(); err == nil {
+			st.Store = &u // what the durable store holds and costs on disk
+		} else {
+			log.Warn("measuring the store", "err", err)
+		}
+	}
+	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
 	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), StatusFields: func() map[string]any {
-			out := steps.status()
-			if u, err := store.Usage(); err == nil {
-				out["store"] = u // what the durable store holds and costs on disk
-			} else {
-				log.Warn("measuring the store", "err", err)
-			}
-			return out
-		}}
+		Metrics: metrics.Handler(), Status: tc.Snapshot}
 	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
-	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, StatusFields: steps.status}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
 		gate: gate, metrics: metrics, exams: map[string]*examined{}}

@@ -239,33 +239,29 @@ type budgetDecision struct {
 	PredictedBytes uint64 `json:"predicted_bytes"`
 }
 
-// status is what the tracker adds to the status action.
-func (t *stepTracker) status() map[string]any {
+// describe adds the tracker's figures to a status: the budget, its last decision, the
+// last finished step, the trainer PIDs and the GPUs watched.
+func (t *stepTracker) describe(out *Status) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	mode := "fixed"
+	out.TokenBudget, out.TokenBudgetMode = t.budgetLocked(), "fixed"
 	if t.ctl != nil {
-		mode = "auto"
+		out.TokenBudgetMode = "auto"
 	}
-	out := map[string]any{"token_budget": t.budgetLocked(), "token_budget_mode": mode}
-	if t.decision != nil {
-		d := t.decision
-		out["token_budget_decision"] = budgetDecision{Budget: d.Budget, Previous: d.Previous, Reason: d.Reason,
+	if d := t.decision; d != nil {
+		out.TokenBudgetDecision = &budgetDecision{Budget: d.Budget, Previous: d.Previous, Reason: d.Reason,
 			PeakBytes: d.Peak, LimitBytes: d.Limit, PredictedBytes: d.Predicted}
 	}
 	if t.last != nil {
-		out["last_step"] = *t.last
+		last := *t.last
+		out.LastStep = &last
 	}
-	if len(t.pids) > 0 {
-		pids := make([]int32, 0, len(t.pids))
-		for _, p := range t.pids {
-			pids = append(pids, p)
-		}
-		slices.Sort(pids)
-		out["trainer_pids"] = pids
+	for _, p := range t.pids {
+		out.TrainerPIDs = append(out.TrainerPIDs, p)
 	}
+	slices.Sort(out.TrainerPIDs)
 	if t.monitor != nil {
-		out["gpu_devices"] = t.monitor.DeviceCount()
+		n := t.monitor.DeviceCount()
+		out.GPUDevices = &n
 	}
-	return out
 }

@@ -120,7 +120,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer ready.Shutdown()
 	ready.EndAt(int64(len(steps)))
 	mem := memory.NewGoAllocator()
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log}, Token: *token, Mem: mem, Log: log}
+	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log, Ready: ready}, Token: *token, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Strategy)

@@ -1,0 +1,32 @@
+package sidecar
+
+import (
+	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/trace/bolt"
+)
+
+// Status is floe's state as GET /floe/v1/status and the Flight status action both
+// answer it (docs/control.md, docs/flight.md): the gate, the READY buffer, the token
+// budget, the last finished step, the trainer's reports and the store.
+type Status struct {
+	Paused        bool  `json:"paused"`
+	PolicyVersion int64 `json:"policy_version"`
+	// Inflight is the number of upstream calls in flight.
+	Inflight int `json:"inflight"`
+	// Sessions is how many sessions the control API created since floe started; absent
+	// where floe takes no sessions (corpus-serve).
+	Sessions *int `json:"sessions,omitempty"`
+	ReadyStatus
+	TokenBudget         int             `json:"token_budget,omitempty"`
+	TokenBudgetMode     string          `json:"token_budget_mode,omitempty"` // fixed or auto
+	TokenBudgetDecision *budgetDecision `json:"token_budget_decision,omitempty"`
+	// LastStep is the latest step committed and reported on by every rank.
+	LastStep    *stepOutcome `json:"last_step,omitempty"`
+	TrainerPIDs []int32      `json:"trainer_pids,omitempty"`
+	// GPUDevices is how many devices NVML shows floe; absent where floe watches none.
+	GPUDevices *int `json:"gpu_devices,omitempty"`
+	// Reports holds each rank's last report, in rank order.
+	Reports []arrowflight.Report `json:"reports"`
+	// Store is what the durable store holds and costs on disk.
+	Store *bolt.Usage `json:"store,omitempty"`
+}
