@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -252,6 +253,32 @@ func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
 	reports := lastStatus["reports"].([]any)
 	if len(reports) != 1 || reports[0].(map[string]any)["pid"] != float64(os.Getpid()) {
 		t.Fatalf("reports %v", reports)
+	}
+	// The control API answers the same status as Flight, with the sessions it created.
+	resp, err := http.Get(r.proxy + "/floe/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var httpStatus map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&httpStatus); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if httpStatus["sessions"] != 12.0 {
+		t.Fatalf("HTTP status sessions = %v, want 12", httpStatus["sessions"])
+	}
+	flightStatus := r.action("status", "{}")
+	delete(httpStatus, "sessions")
+	delete(httpStatus, "store") // file sizes move with every write
+	delete(flightStatus, "sessions")
+	delete(flightStatus, "store")
+	if !reflect.DeepEqual(httpStatus, flightStatus) {
+		t.Fatalf("HTTP status %v\ndiffers from Flight status %v", httpStatus, flightStatus)
+	}
+	for _, k := range []string{"ready", "next_step", "steps_ahead", "token_budget", "reports", "inflight", "paused", "policy_version"} {
+		if _, ok := httpStatus[k]; !ok {
+			t.Errorf("status lacks %q: %v", k, httpStatus)
+		}
 	}
 
 	m := r.metrics()
