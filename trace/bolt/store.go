@@ -528,7 +528,7 @@ func (s *Store) AddKey(key, session string) error {
 // Resolve returns the session of key (trace.SessionKeys).
 func (s *Store) Resolve(key string) (string, bool) {
 	var id string
-	s.db.View(func(tx *bolt.Tx) error { //nolint:errcheck
+	s.view(func(tx *bolt.Tx) error { //nolint:errcheck
 		if v := tx.Bucket(bKeys).Get([]byte(key)); v != nil {
 			id = string(v)
 		}
@@ -680,7 +680,7 @@ func (s *Store) TimeOutGroup(id string) ([]string, error) {
 // Session returns session id with all its calls, prompts reconstructed in full.
 func (s *Store) Session(id string) (trace.Session, error) {
 	var out trace.Session
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		var err error
 		out, _, err = readSession(tx, id, true)
 		return err
@@ -728,7 +728,7 @@ func readSession(tx *bolt.Tx, id string, calls bool) (trace.Session, *sessCache,
 // Group returns group id with every session (in creation order) and its calls.
 func (s *Store) Group(id string) (trace.Group, error) {
 	var out trace.Group
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b, gi, err := groupBucket(tx, id)
 		if err != nil {
 			return err
@@ -749,7 +749,7 @@ func (s *Store) Group(id string) (trace.Group, error) {
 // Groups lists every group's state, by id.
 func (s *Store) Groups() ([]trace.GroupState, error) {
 	var out []trace.GroupState
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bGroups).ForEachBucket(func(gid []byte) error {
 			b, gi, err := groupBucket(tx, string(gid))
 			if err != nil {
@@ -796,7 +796,7 @@ func (s *Store) FinishedGroups() ([]string, error) {
 // UnfinishedSessions lists the running sessions (without calls), by id.
 func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 	var out []trace.Session
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
 			sess, _, err := readSession(tx, string(id), false)
 			if err == nil && sess.Status == trace.StatusRunning {
@@ -863,7 +863,7 @@ func countTotals(tx *bolt.Tx) (Totals, error) {
 // Usage measures the store: its totals and its file.
 func (s *Store) Usage() (Usage, error) {
 	var u Usage
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return getJSON(tx.Bucket(bMeta), kUsage, &u.Totals, "usage totals")
 	})
 	if err != nil {
@@ -889,7 +889,7 @@ func (s *Store) SetPolicyVersion(v int64) error {
 // PolicyVersion is the last version SetPolicyVersion recorded; 0 when none.
 func (s *Store) PolicyVersion() (int64, error) {
 	var v int64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bMeta).Get(kPolicy)
 		switch {
 		case raw == nil:
@@ -998,7 +998,7 @@ func (s *Store) CommitStep(n int64) error {
 // numbered after both.
 func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, err error) {
 	lastCommitted = -1
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
 			var sv stepValue
 			if len(k) != 8 {
@@ -1027,7 +1027,7 @@ func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, er
 // StepCommitted reports whether step n was committed.
 func (s *Store) StepCommitted(n int64) (bool, error) {
 	var committed bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bSteps).Get(seqKey(uint64(n)))
 		if n < 0 || raw == nil {
 			return fmt.Errorf("step %d: %w", n, ErrUnknownStep)
