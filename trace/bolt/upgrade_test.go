@@ -180,3 +180,33 @@ func TestCorruptBudgetsFile(t *testing.T) {
 		})
 	}
 }
+
+// TestClosedStore: reads and writes after Close fail with ErrClosed.
+func TestClosedStore(t *testing.T) {
+	s := open(t, t.TempDir(), Options{})
+	if err := s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, sessErr := s.Session("s")
+	_, groupErr := s.Group("g")
+	_, groupsErr := s.Groups()
+	_, _, stepsErr := s.Steps()
+	_, policyErr := s.PolicyVersion()
+	for name, err := range map[string]error{
+		"Record":        s.Record(t.Context(), &trace.Call{SessionID: "s"}),
+		"CreateSession": s.CreateSession(trace.Session{ID: "x"}, ""),
+		"CommitStep":    s.CommitStep(0),
+		"Session":       sessErr,
+		"Group":         groupErr,
+		"Groups":        groupsErr,
+		"Steps":         stepsErr,
+		"PolicyVersion": policyErr,
+	} {
+		if !errors.Is(err, trace.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+}
