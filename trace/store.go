@@ -116,18 +116,18 @@ type PolicyVersions interface {
 
 // GroupState is a group's bookkeeping, without calls.
 type GroupState struct {
-	ID         string
-	TaskID     string
-	Size       int // 0 when never set
-	Sessions   int // sessions created in the group
-	Finished   int // of which finished
-	Step       int64
-	Dropped    bool
-	DropReason string
+	ID         string `json:"id"`
+	TaskID     string `json:"task_id"`
+	Size       int    `json:"size"`     // 0 when never set
+	Sessions   int    `json:"sessions"` // sessions created in the group
+	Finished   int    `json:"finished"` // of which finished
+	Step       int64  `json:"step"`     // the step the group is in, -1 while in none
+	Dropped    bool   `json:"dropped"`
+	DropReason string `json:"drop_reason,omitempty"`
 	// Created is when the group's first session was created; TimedOut whether the group
 	// was ended by the group timeout.
-	Created  time.Time
-	TimedOut bool
+	Created  time.Time `json:"created"`
+	TimedOut bool      `json:"timed_out"`
 }
 
 // Complete reports whether the group is ready to be formed into a step: every session
@@ -139,14 +139,14 @@ func (g GroupState) Complete() bool {
 // StepRecord is a saved step: its number, the groups it was formed from in order, and
 // what a restart needs to form it again byte for byte.
 type StepRecord struct {
-	N      int64
-	Groups []string
+	N      int64    `json:"n"`
+	Groups []string `json:"groups"`
 	// MinPolicyVersion is the staleness cut-off the step was formed with: calls sampled by
 	// an older policy were not trained on. 0: none.
-	MinPolicyVersion int64
+	MinPolicyVersion int64 `json:"min_policy_version"`
 	// TokenBudget is the budget the step was packed with; 0 in records written before
 	// floe kept it (the fixed budget then applies).
-	TokenBudget int
-	Committed   bool
-	Saved       time.Time
+	TokenBudget int       `json:"token_budget"`
+	Committed   bool      `json:"committed"`
+	Saved       time.Time `json:"saved"`
 }

@@ -23,30 +23,32 @@ const (
 
 // Call is one recorded model call: the tokens the inference server conditioned on, the
 // tokens it sampled and their log-probabilities. A request with n > 1 choices is recorded
-// as n Calls with the same Index and PromptIDs and Choice 0..n-1.
+// as n Calls with the same Index and PromptIDs and Choice 0..n-1. Its JSON form (the
+// field tags, docs/trace.md) is the recorded-call wire format: floe proxy -record lines,
+// the control API's session calls.
 type Call struct {
-	SessionID     string
-	Index         int // position of the call in its session, from 0
-	Choice        int // choice index for n > 1 requests, 0 otherwise
-	PromptIDs     []int32
-	ResponseIDs   []int32
-	Logprobs      []float32 // one per response id: rollout log-probability of that sampled token
-	FinishReason  string
-	PolicyVersion int64
+	SessionID     string    `json:"session_id"`
+	Index         int       `json:"index"`  // position of the call in its session, from 0
+	Choice        int       `json:"choice"` // choice index for n > 1 requests, 0 otherwise
+	PromptIDs     []int32   `json:"prompt_ids"`
+	ResponseIDs   []int32   `json:"response_ids"`
+	Logprobs      []float32 `json:"logprobs"` // one per response id: rollout log-probability of that sampled token
+	FinishReason  string    `json:"finish_reason"`
+	PolicyVersion int64     `json:"policy_version"`
 
 	// Trainable is false when the call is kept for the record but must not produce loss
 	// terms (token data missing or inconsistent upstream); UntrainableReason says why.
-	Trainable         bool
-	UntrainableReason string
+	Trainable         bool   `json:"trainable"`
+	UntrainableReason string `json:"untrainable_reason,omitempty"`
 
 	// What the proxy saw, for the record; the batcher never reads these.
-	API             string          // the caller's API: anthropic, openai_chat, openai_responses, gemini
-	Started         time.Time       // request received
-	Finished        time.Time       // answer complete
-	UpstreamLatency time.Duration   // from sending upstream to the last token
-	Request         json.RawMessage // the caller's request body as received
-	UpstreamRequest json.RawMessage // the normalized request sent to the engine
-	Response        json.RawMessage // the assistant message, normalized (OpenAI Chat)
+	API             string          `json:"api"`                        // the caller's API: anthropic, openai_chat, openai_responses, gemini
+	Started         time.Time       `json:"started"`                    // request received
+	Finished        time.Time       `json:"finished"`                   // answer complete
+	UpstreamLatency time.Duration   `json:"upstream_latency_ns"`        // from sending upstream to the last token (JSON: integer nanoseconds)
+	Request         json.RawMessage `json:"request,omitempty"`          // the caller's request body as received
+	UpstreamRequest json.RawMessage `json:"upstream_request,omitempty"` // the normalized request sent to the engine
+	Response        json.RawMessage `json:"response,omitempty"`         // the assistant message, normalized (OpenAI Chat)
 }
 
 // ErrInvalidCall is wrapped by every error Validate returns.
@@ -100,20 +102,20 @@ func (c *Call) MarkUntrainable(reason string) {
 
 // Session is one harness run on one task: its calls in the order they were made.
 type Session struct {
-	ID      string
-	TaskID  string
-	GroupID string
-	Calls   []Call
-	Reward  float64
-	Status  Status
+	ID      string  `json:"id"`
+	TaskID  string  `json:"task_id"`
+	GroupID string  `json:"group_id"`
+	Calls   []Call  `json:"calls"`
+	Reward  float64 `json:"reward"`
+	Status  Status  `json:"status"`
 }
 
 // Group is the GRPO group: sessions that solved the same task, whose rewards are
 // compared with each other to form advantages.
 type Group struct {
-	ID       string
-	TaskID   string
-	Sessions []Session
+	ID       string    `json:"id"`
+	TaskID   string    `json:"task_id"`
+	Sessions []Session `json:"sessions"`
 }
 
 // Validate checks every trainable call of the group, and that each call belongs to the

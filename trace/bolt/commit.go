@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 type writeReq struct {
@@ -92,4 +93,14 @@ func (s *Store) committer() {
 			r.done <- s.db.Update(r.fn)
 		}
 	}
+}
+
+// view runs fn in a read transaction; on a closed store it fails with ErrClosed, as
+// writes do, rather than with bbolt's own error.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	err := s.db.View(fn)
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
 }

@@ -114,7 +114,7 @@ func (s *Store) Record(ctx context.Context, c *trace.Call) error {
 	defer sc.mu.Unlock()
 	if !sc.loaded {
 		var loaded *sessCache
-		err := s.db.View(func(tx *bolt.Tx) error {
+		err := s.view(func(tx *bolt.Tx) error {
 			var err error
 			_, loaded, err = readSession(tx, c.SessionID, true)
 			return err

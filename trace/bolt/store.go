@@ -2,7 +2,7 @@
 // recorded call with its token ids and log-probabilities, session outcomes, GRPO groups,
 // and the READY buffer's steps with their commit state.
 //
-// *Store satisfies the proxy's Recorder and Sessions interfaces. A call is durable when
+// *Store plays every role of trace's store contract (see the assertions below). A call is durable when
 // Record returns: every write is an fsynced bbolt transaction, and writes that arrive
 // while one is in flight are committed together in the next (group commit), so
 // concurrent sessions share an fsync without a timer delaying a lone caller.
@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,10 +34,17 @@ import (
 
 // FormatVersion is the on-disk format this package writes and the newest it reads.
 // Version 2 added the usage totals, the policy version, a group's created/timed-out
-// fields and a step's staleness cut-off; a version 1 store is upgraded in place when
-// opened (after which an older floe refuses it rather than skip what it cannot keep
-// up to date).
-const FormatVersion = 2
+// fields and a step's staleness cut-off; version 3 a step's token budget, which older
+// floes kept beside the store in BudgetsFile. An older store is upgraded in place when
+// opened read-write (after which an older floe refuses it rather than skip what it
+// cannot keep up to date).
+const FormatVersion = 3
+
+// BudgetsFile is where floe before format 3 kept, in the data dir, the token budget of
+// each step formed with a budget other than the fixed one: a JSON object from step
+// number (a decimal string) to budget. A read-write open moves it into the step records
+// and removes it.
+const BudgetsFile = "step-budgets.json"
 
 // FileName is the database file inside the data dir.
 const FileName = "floe.db"
@@ -47,7 +55,9 @@ var (
 	ErrSessionExists   = trace.ErrSessionExists
 	ErrSessionFinished = trace.ErrSessionFinished
 	ErrUnknownGroup    = trace.ErrUnknownGroup
+	ErrGroupSize       = trace.ErrGroupSize
 	ErrUnknownStep     = trace.ErrUnknownStep
+	ErrStepConflict    = trace.ErrStepConflict
 	ErrCommitted       = trace.ErrCommitted
 	ErrClosed          = trace.ErrClosed
 	ErrReadOnly        = trace.ErrReadOnly
@@ -56,6 +66,16 @@ var (
 	// ErrCorrupt: the file is not a readable bbolt database, or a record in it does not
 	// decode. The file is never truncated or recreated.
 	ErrCorrupt = errors.New("corrupt store")
+)
+
+// *Store plays every role of the store contract.
+var (
+	_ trace.CallRecorder   = (*Store)(nil)
+	_ trace.SessionKeys    = (*Store)(nil)
+	_ trace.SessionStore   = (*Store)(nil)
+	_ trace.GroupStore     = (*Store)(nil)
+	_ trace.StepStore      = (*Store)(nil)
+	_ trace.PolicyVersions = (*Store)(nil)
 )
 
 // CommitMode is how writes reach disk. Every mode fsyncs before the write returns.
@@ -105,6 +125,10 @@ type Store struct {
 	mu    sync.Mutex // guards cache
 	cache map[string]*sessCache
 
+	// oldBudgets, in a read-only store only, are the step budgets of a BudgetsFile not
+	// yet moved into the store (nil when none).
+	oldBudgets map[int64]int
+
 	wmu    sync.RWMutex // guards closed and the send side of writes
 	closed bool
 	writes chan *writeReq
@@ -145,11 +169,12 @@ func New(dir string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("%w: %s is not a readable bbolt database (left untouched): %v", ErrCorrupt, path, err)
 		}
 	}
-	if err := initialise(db, path, opt.ReadOnly); err != nil {
+	budgets, err := initialise(db, dir, path, opt.ReadOnly)
+	if err != nil {
 		db.Close()
 		return nil, err
 	}
-	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}}
+	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}, oldBudgets: budgets}
 	if opt.Commit == CommitGroup && !opt.ReadOnly {
 		s.writes = make(chan *writeReq, 256)
 		s.done = make(chan struct{})
@@ -158,13 +183,21 @@ func New(dir string, opt Options) (*Store, error) {
 	return s, nil
 }
 
-// initialise checks the format of an existing store or writes the buckets of a new one.
-func initialise(db *bolt.DB, path string, readOnly bool) error {
+// initialise checks the format of an existing store or writes the buckets of a new one,
+// and upgrades an older store opened read-write. It returns the budgets of BudgetsFile
+// when the store was opened read-only with the file still beside it (an older store, or
+// a crash between an upgrade and the file's removal): Steps reads them from memory then.
+func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, error) {
+	budgetsPath := filepath.Join(dir, BudgetsFile)
+	budgets, err := readBudgets(budgetsPath)
+	if err != nil {
+		return nil, err
+	}
 	run := db.Update
 	if readOnly {
 		run = db.View
 	}
-	return run(func(tx *bolt.Tx) error {
+	err = run(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bMeta)
 		if meta == nil && readOnly {
 			return fmt.Errorf("%w: %s is not a floe store (no meta bucket)", ErrFormat, path)
@@ -203,24 +236,118 @@ func initialise(db *bolt.DB, path string, readOnly bool) error {
 				return fmt.Errorf("%w: %s lacks bucket %q", ErrCorrupt, path, b)
 			}
 		}
+		if readOnly {
+			// Format 2 differs only by the budgets, which are read from the file instead;
+			// format 1 lacks the totals, which only an upgrade counts.
+			if got < 2 {
+				return fmt.Errorf("%w: %s has format version %d and is opened read-only: open it read-write once with this floe to upgrade it to %d",
+					ErrFormat, path, got, FormatVersion)
+			}
+			return nil
+		}
+		if got == 1 {
+			// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
+			// absent (zero) in old records.
+			t, err := countTotals(tx)
+			if err != nil {
+				return err
+			}
+			if err := putJSON(meta, kUsage, t); err != nil {
+				return err
+			}
+		}
+		// Version 2 -> 3: the budgets file into the step records. Also on a format 3 store
+		// whose upgrade crashed before the file was removed: the same values again.
+		if err := applyBudgets(tx, budgets, budgetsPath); err != nil {
+			return err
+		}
 		if got == FormatVersion {
 			return nil
 		}
-		if readOnly {
-			return fmt.Errorf("%w: %s has format version %d and is opened read-only: open it read-write once with this floe to upgrade it to %d",
-				ErrFormat, path, got, FormatVersion)
-		}
-		// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
-		// absent (zero) in old records.
-		t, err := countTotals(tx)
-		if err != nil {
-			return err
-		}
-		if err := putJSON(meta, kUsage, t); err != nil {
-			return err
-		}
 		return meta.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion))
 	})
+	if err != nil {
+		return nil, err
+	}
+	if budgets == nil {
+		return nil, nil
+	}
+	if readOnly {
+		return budgets, nil
+	}
+	// The budgets are in the store now; the file goes only after that commit, so a crash
+	// in between leaves it for the next open to apply again.
+	if err := os.Remove(budgetsPath); err != nil {
+		return nil, fmt.Errorf("trace store: removing %s after moving it into the store: %w", budgetsPath, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return nil, fmt.Errorf("trace store: %w", err)
+	}
+	return nil, nil
+}
+
+// readBudgets reads an older floe's BudgetsFile at path: nil when there is none. A file
+// that does not parse is an error, never ignored: steps formed again without their
+// budgets would differ from the ones served before.
+func readBudgets(path string) (map[int64]int, error) {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("trace store: step budgets: %w", err)
+	}
+	var m map[string]int
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%w: step budgets file %s: %v", ErrCorrupt, path, err)
+	}
+	out := make(map[int64]int, len(m))
+	for k, v := range m {
+		n, err := strconv.ParseInt(k, 10, 64)
+		if err != nil || n < 0 || v <= 0 {
+			return nil, fmt.Errorf("%w: step budgets file %s: entry %q: %d is not a step number and a positive budget", ErrCorrupt, path, k, v)
+		}
+		out[n] = v
+	}
+	return out, nil
+}
+
+// applyBudgets writes budgets into the records of the steps they name, committed or not,
+// where the record has none. An entry for a step never saved (floe recorded the budget
+// just before saving the step, then stopped) has no record to go into and is dropped.
+func applyBudgets(tx *bolt.Tx, budgets map[int64]int, path string) error {
+	steps := tx.Bucket(bSteps)
+	for n, budget := range budgets {
+		raw := steps.Get(seqKey(uint64(n)))
+		if raw == nil {
+			continue
+		}
+		var sv stepValue
+		if err := json.Unmarshal(raw, &sv); err != nil {
+			return fmt.Errorf("%w: step %d: %v", ErrCorrupt, n, err)
+		}
+		if sv.TokenBudget != 0 {
+			continue
+		}
+		sv.TokenBudget = budget
+		if err := putJSON(steps, seqKey(uint64(n)), sv); err != nil {
+			return fmt.Errorf("moving %s into the store: step %d: %w", path, n, err)
+		}
+	}
+	return nil
+}
+
+// syncDir fsyncs directory dir, so that a removal in it is durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
 }
 
 // Path is the database file.
@@ -401,7 +528,7 @@ func (s *Store) AddKey(key, session string) error {
 // Resolve returns the session of key (trace.SessionKeys).
 func (s *Store) Resolve(key string) (string, bool) {
 	var id string
-	s.db.View(func(tx *bolt.Tx) error { //nolint:errcheck
+	s.view(func(tx *bolt.Tx) error { //nolint:errcheck
 		if v := tx.Bucket(bKeys).Get([]byte(key)); v != nil {
 			id = string(v)
 		}
@@ -462,7 +589,9 @@ func (s *Store) FinishSession(id string, reward float64, status trace.Status) er
 }
 
 // SetGroupSize records how many sessions make group id complete (the control API's
-// group_size), so that FinishedGroups knows after a restart.
+// group_size), so that FinishedGroups knows after a restart. The first size given is
+// kept: the same size again is a no-op, another one fails with ErrGroupSize (sessions
+// of one group disagreeing on its size is a harness bug a silent overwrite would hide).
 func (s *Store) SetGroupSize(id string, size int) error {
 	if size < 0 {
 		return fmt.Errorf("group %q: negative size %d", id, size)
@@ -470,7 +599,13 @@ func (s *Store) SetGroupSize(id string, size int) error {
 	return s.write(func(tx *bolt.Tx) error {
 		b, gi, err := groupBucket(tx, id)
 		if err != nil {
-			return err
+			return fmt.Errorf("set group size: %w", err)
+		}
+		switch {
+		case gi.Size == size:
+			return nil
+		case gi.Size != 0:
+			return fmt.Errorf("group %q: %w to %d, not %d", id, ErrGroupSize, gi.Size, size)
 		}
 		gi.Size = size
 		return putJSON(b, kInfo, gi)
@@ -483,7 +618,7 @@ func (s *Store) DropGroup(id, reason string) error {
 	return s.write(func(tx *bolt.Tx) error {
 		b, gi, err := groupBucket(tx, id)
 		if err != nil {
-			return err
+			return fmt.Errorf("drop group: %w", err)
 		}
 		if gi.Step >= 0 {
 			return fmt.Errorf("drop group %q: it is in step %d", id, gi.Step)
@@ -545,7 +680,7 @@ func (s *Store) TimeOutGroup(id string) ([]string, error) {
 // Session returns session id with all its calls, prompts reconstructed in full.
 func (s *Store) Session(id string) (trace.Session, error) {
 	var out trace.Session
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		var err error
 		out, _, err = readSession(tx, id, true)
 		return err
@@ -593,7 +728,7 @@ func readSession(tx *bolt.Tx, id string, calls bool) (trace.Session, *sessCache,
 // Group returns group id with every session (in creation order) and its calls.
 func (s *Store) Group(id string) (trace.Group, error) {
 	var out trace.Group
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b, gi, err := groupBucket(tx, id)
 		if err != nil {
 			return err
@@ -614,7 +749,7 @@ func (s *Store) Group(id string) (trace.Group, error) {
 // Groups lists every group's state, by id.
 func (s *Store) Groups() ([]trace.GroupState, error) {
 	var out []trace.GroupState
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bGroups).ForEachBucket(func(gid []byte) error {
 			b, gi, err := groupBucket(tx, string(gid))
 			if err != nil {
@@ -661,7 +796,7 @@ func (s *Store) FinishedGroups() ([]string, error) {
 // UnfinishedSessions lists the running sessions (without calls), by id.
 func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 	var out []trace.Session
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
 			sess, _, err := readSession(tx, string(id), false)
 			if err == nil && sess.Status == trace.StatusRunning {
@@ -728,7 +863,7 @@ func countTotals(tx *bolt.Tx) (Totals, error) {
 // Usage measures the store: its totals and its file.
 func (s *Store) Usage() (Usage, error) {
 	var u Usage
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		return getJSON(tx.Bucket(bMeta), kUsage, &u.Totals, "usage totals")
 	})
 	if err != nil {
@@ -754,7 +889,7 @@ func (s *Store) SetPolicyVersion(v int64) error {
 // PolicyVersion is the last version SetPolicyVersion recorded; 0 when none.
 func (s *Store) PolicyVersion() (int64, error) {
 	var v int64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bMeta).Get(kPolicy)
 		switch {
 		case raw == nil:
@@ -771,6 +906,7 @@ func (s *Store) PolicyVersion() (int64, error) {
 type stepValue struct {
 	Groups           []string  `json:"groups"`
 	MinPolicyVersion int64     `json:"min_policy_version,omitempty"`
+	TokenBudget      int       `json:"token_budget,omitempty"` // format 3
 	Committed        bool      `json:"committed"`
 	Saved            time.Time `json:"saved"`
 	CommitAt         time.Time `json:"committed_at,omitzero"`
@@ -784,8 +920,11 @@ func (s *Store) SaveStep(n int64, groupIDs []string) error {
 	return s.SaveStepRecord(trace.StepRecord{N: n, Groups: groupIDs})
 }
 
-// SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off), which
-// Steps returns so that a restart forms the step again the same way.
+// SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off and
+// token budget), which Steps returns so that a restart forms the step again the same
+// way. The same record again is a no-op; another record under its number, or a group
+// already in another step, fails with ErrStepConflict; a committed step with
+// ErrCommitted; an unknown group with ErrUnknownGroup.
 func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 	n, groupIDs := rec.N, rec.Groups
 	if n < 0 {
@@ -804,9 +943,9 @@ func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 			if sv.Committed {
 				return fmt.Errorf("save step %d: %w", n, ErrCommitted)
 			}
-			if !equalStrings(sv.Groups, groupIDs) || sv.MinPolicyVersion != rec.MinPolicyVersion {
-				return fmt.Errorf("save step %d: already saved with groups %q (policy versions from %d), not %q (from %d)",
-					n, sv.Groups, sv.MinPolicyVersion, groupIDs, rec.MinPolicyVersion)
+			if !equalStrings(sv.Groups, groupIDs) || sv.MinPolicyVersion != rec.MinPolicyVersion || sv.TokenBudget != rec.TokenBudget {
+				return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d), not %q (from %d, budget %d)",
+					n, ErrStepConflict, sv.Groups, sv.MinPolicyVersion, sv.TokenBudget, groupIDs, rec.MinPolicyVersion, rec.TokenBudget)
 			}
 			return nil
 		}
@@ -815,15 +954,19 @@ func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 			if err != nil {
 				return fmt.Errorf("save step %d: %w", n, err)
 			}
-			if gi.Step >= 0 || gi.Dropped {
-				return fmt.Errorf("save step %d: group %q is already in step %d (dropped %v)", n, gid, gi.Step, gi.Dropped)
+			if gi.Step >= 0 {
+				return fmt.Errorf("save step %d: %w: group %q is in step %d", n, ErrStepConflict, gid, gi.Step)
+			}
+			if gi.Dropped {
+				return fmt.Errorf("save step %d: group %q was dropped (%s)", n, gid, gi.DropReason)
 			}
 			gi.Step = n
 			if err := putJSON(b, kInfo, gi); err != nil {
 				return err
 			}
 		}
-		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, MinPolicyVersion: rec.MinPolicyVersion, Saved: time.Now().UTC()})
+		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, MinPolicyVersion: rec.MinPolicyVersion,
+			TokenBudget: rec.TokenBudget, Saved: time.Now().UTC()})
 	})
 }
 
@@ -855,7 +998,7 @@ func (s *Store) CommitStep(n int64) error {
 // numbered after both.
 func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, err error) {
 	lastCommitted = -1
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
 			var sv stepValue
 			if len(k) != 8 {
@@ -869,7 +1012,11 @@ func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, er
 				lastCommitted = max(lastCommitted, n)
 				return nil
 			}
-			uncommitted = append(uncommitted, trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, Saved: sv.Saved})
+			rec := trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, TokenBudget: sv.TokenBudget, Saved: sv.Saved}
+			if rec.TokenBudget == 0 {
+				rec.TokenBudget = s.oldBudgets[n] // read-only beside a budgets file not moved in yet
+			}
+			uncommitted = append(uncommitted, rec)
 			return nil
 		})
 	})
@@ -880,7 +1027,7 @@ func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, er
 // StepCommitted reports whether step n was committed.
 func (s *Store) StepCommitted(n int64) (bool, error) {
 	var committed bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		raw := tx.Bucket(bSteps).Get(seqKey(uint64(n)))
 		if n < 0 || raw == nil {
 			return fmt.Errorf("step %d: %w", n, ErrUnknownStep)

@@ -429,13 +429,22 @@ func TestSessionLifecycle(t *testing.T) {
 	if fin, _ := s.FinishedGroups(); len(fin) != 0 {
 		t.Fatalf("group of size 3 with 2 sessions listed finished: %v", fin)
 	}
-	must(s.SetGroupSize("g", 2))
+	// The first size is kept: another fails, the same again is a no-op.
+	if err := s.SetGroupSize("g", 2); !errors.Is(err, trace.ErrGroupSize) {
+		t.Fatalf("SetGroupSize with another size: %v", err)
+	}
+	must(s.SetGroupSize("g", 3))
+	if err := s.SetGroupSize("nope", 3); !errors.Is(err, trace.ErrUnknownGroup) {
+		t.Fatalf("SetGroupSize of an unknown group: %v", err)
+	}
+	must(s.CreateSession(trace.Session{ID: "c", TaskID: "t", GroupID: "g"}, ""))
+	must(s.FinishSession("c", 1, trace.StatusCompleted))
 	if fin, _ := s.FinishedGroups(); !slices.Equal(fin, []string{"g"}) {
 		t.Fatalf("FinishedGroups = %v", fin)
 	}
 	g, err := s.Group("g")
 	must(err)
-	if len(g.Sessions) != 2 || g.Sessions[0].ID != "a" || len(g.Sessions[0].Calls) != 1 || g.Sessions[1].Status != trace.StatusTimeout {
+	if len(g.Sessions) != 3 || g.Sessions[0].ID != "a" || len(g.Sessions[0].Calls) != 1 || g.Sessions[1].Status != trace.StatusTimeout {
 		t.Fatalf("Group = %+v", g)
 	}
 	if _, err := s.Group("nope"); !errors.Is(err, ErrUnknownGroup) {
@@ -464,15 +473,21 @@ func TestSteps(t *testing.T) {
 	if err := s.SaveStep(1, []string{"g2"}); err != nil {
 		t.Fatalf("idempotent save: %v", err)
 	}
-	for name, err := range map[string]error{
-		"other groups":  s.SaveStep(1, []string{"g3"}),
-		"group reused":  s.SaveStep(2, []string{"g3", "g1"}),
-		"unknown group": s.SaveStep(2, []string{"zz"}),
-		"no groups":     s.SaveStep(2, nil),
-		"negative":      s.SaveStep(-1, []string{"g3"}),
+	for _, tt := range []struct {
+		name string
+		err  error
+		want error // nil: any error
+	}{
+		{"other groups", s.SaveStep(1, []string{"g3"}), ErrStepConflict},
+		{"other budget", s.SaveStepRecord(trace.StepRecord{N: 1, Groups: []string{"g2"}, TokenBudget: 64}), ErrStepConflict},
+		{"other cut-off", s.SaveStepRecord(trace.StepRecord{N: 1, Groups: []string{"g2"}, MinPolicyVersion: 3}), ErrStepConflict},
+		{"group reused", s.SaveStep(2, []string{"g3", "g1"}), ErrStepConflict},
+		{"unknown group", s.SaveStep(2, []string{"zz"}), ErrUnknownGroup},
+		{"no groups", s.SaveStep(2, nil), nil},
+		{"negative", s.SaveStep(-1, []string{"g3"}), nil},
 	} {
-		if err == nil {
-			t.Errorf("%s: no error", name)
+		if tt.err == nil || (tt.want != nil && !errors.Is(tt.err, tt.want)) {
+			t.Errorf("%s: %v, want %v", tt.name, tt.err, tt.want)
 		}
 	}
 	if fin, _ := s.FinishedGroups(); !slices.Equal(fin, []string{"g3", "g4"}) {

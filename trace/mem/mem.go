@@ -1,41 +1,94 @@
 // Package mem is floe's trace store in memory: for tests and for runs that need no
-// durability (floe proxy). It plays the roles of trace's store contract that it can.
+// durability (floe proxy). It plays every role of trace's store contract with the
+// semantics of the durable store, trace/bolt, minus the durability: groups are formed
+// from sessions' GroupID, a group's first size is kept, steps are saved and committed
+// exactly once, and every error case wraps trace's sentinel.
 package mem
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"sort"
 	"sync"
+	"time"
 
 	"github.com/floe-rl/floe/trace"
 )
 
-// Store is an in-memory trace.SessionKeys, CallRecorder and SessionStore; it keeps
-// sessions' task, group and outcome.
+// Store is an in-memory trace store. The zero value is an empty store ready to use; its
+// methods are safe for concurrent use. Besides the contract, a session's id is also a key
+// of it (the proxy's x-floe-session header), and AddSession registers a key for a session
+// that was never created (floe proxy -session KEY=SESSION).
 type Store struct {
 	mu       sync.Mutex
 	keys     map[string]string
-	calls    map[string][]trace.Call
-	next     map[string]int
-	sessions map[string]*trace.Session
+	sessions map[string]*session
+	groups   map[string]*group
+	steps    map[int64]*trace.StepRecord
+	policy   int64
 }
 
 var (
-	_ trace.SessionKeys  = (*Store)(nil)
-	_ trace.CallRecorder = (*Store)(nil)
-	_ trace.SessionStore = (*Store)(nil)
+	_ trace.CallRecorder   = (*Store)(nil)
+	_ trace.SessionKeys    = (*Store)(nil)
+	_ trace.SessionStore   = (*Store)(nil)
+	_ trace.GroupStore     = (*Store)(nil)
+	_ trace.StepStore      = (*Store)(nil)
+	_ trace.PolicyVersions = (*Store)(nil)
 )
 
-// AddSession registers key as the API key of session.
+// session is a session's record: its outcome, its calls and the next call index.
+type session struct {
+	s       trace.Session
+	created time.Time
+	next    int
+}
+
+// group is a group's bookkeeping; members are its sessions in creation order.
+type group struct {
+	task       string
+	size       int
+	step       int64 // -1 until a step takes the group
+	dropped    bool
+	dropReason string
+	created    time.Time
+	timedOut   bool
+	members    []string
+}
+
+// init makes the zero Store usable; m.mu is held.
+func (m *Store) init() {
+	if m.sessions == nil {
+		m.keys = map[string]string{}
+		m.sessions = map[string]*session{}
+		m.groups = map[string]*group{}
+		m.steps = map[int64]*trace.StepRecord{}
+	}
+}
+
+// AddSession registers key as the API key of session, creating the session (running, no
+// task, no group) when it does not exist yet, so that calls made with key are recorded.
 func (m *Store) AddSession(key, session string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.keys == nil {
-		m.keys = map[string]string{}
-	}
+	m.init()
 	m.keys[key] = session
+	if m.sessions[session] == nil {
+		m.addSessionLocked(trace.Session{ID: session})
+	}
 }
 
+func (m *Store) addSessionLocked(s trace.Session) {
+	m.sessions[s.ID] = &session{
+		s:       trace.Session{ID: s.ID, TaskID: s.TaskID, GroupID: s.GroupID, Status: trace.StatusRunning},
+		created: time.Now().UTC(),
+	}
+}
+
+// Resolve returns the session of key (trace.SessionKeys).
 func (m *Store) Resolve(key string) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -43,84 +96,402 @@ func (m *Store) Resolve(key string) (string, bool) {
 	return s, ok
 }
 
+// Open resolves key, creating a session with id key (no task, no group) and key as its key
+// when the key is unknown (trace.SessionKeys, for open sessions).
 func (m *Store) Open(key string) (string, error) {
-	m.AddSession(key, key)
+	if key == "" {
+		return "", errors.New("open session: empty key")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if s, ok := m.keys[key]; ok {
+		return s, nil
+	}
+	m.keys[key] = key
+	if m.sessions[key] == nil {
+		m.addSessionLocked(trace.Session{ID: key})
+	}
 	return key, nil
 }
 
-// Record stores c. Choices of one n>1 request share one index: a call with Choice > 0
-// takes the index of the call before it.
-func (m *Store) Record(_ context.Context, c *trace.Call) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.calls == nil {
-		m.calls, m.next = map[string][]trace.Call{}, map[string]int{}
-	}
+// Record assigns c its index within its session and stores a copy of it
+// (trace.CallRecorder): a call with Choice > 0 takes the index of the call before it, as
+// the choices of one n>1 request share an index. The session must exist and be running.
+func (m *Store) Record(ctx context.Context, c *trace.Call) error {
 	if c.SessionID == "" {
-		return fmt.Errorf("record: call has no session")
+		return errors.New("record: call has no session")
 	}
-	if c.Choice == 0 {
-		c.Index = m.next[c.SessionID]
-		m.next[c.SessionID]++
-	} else {
-		c.Index = m.next[c.SessionID] - 1
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("record: %w", err)
 	}
-	m.calls[c.SessionID] = append(m.calls[c.SessionID], *c)
-	return nil
-}
-
-// CreateSession registers s (running) with its API key.
-func (m *Store) CreateSession(s trace.Session, key string) error {
-	m.mu.Lock()
-	if m.sessions == nil {
-		m.sessions = map[string]*trace.Session{}
-	}
-	if _, ok := m.sessions[s.ID]; ok {
-		m.mu.Unlock()
-		return fmt.Errorf("session %q exists", s.ID)
-	}
-	s.Status, s.Calls = trace.StatusRunning, nil
-	m.sessions[s.ID] = &s
-	m.mu.Unlock()
-	m.AddSession(key, s.ID)
-	m.AddSession(s.ID, s.ID) // x-floe-session: <id>
-	return nil
-}
-
-// SetGroupSize is a no-op: Store forms no groups.
-func (m *Store) SetGroupSize(string, int) error { return nil }
-
-// FinishSession records the session's reward and outcome, once.
-func (m *Store) FinishSession(id string, reward float64, status trace.Status) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s, ok := m.sessions[id]
+	m.init()
+	s := m.sessions[c.SessionID]
 	switch {
-	case !ok:
-		return fmt.Errorf("no session %q", id)
-	case s.Status != trace.StatusRunning:
-		return fmt.Errorf("session %q already finished (%s)", id, s.Status)
+	case s == nil:
+		return fmt.Errorf("record: %w: %q", trace.ErrUnknownSession, c.SessionID)
+	case s.s.Status != trace.StatusRunning:
+		return fmt.Errorf("record: session %q: %w", c.SessionID, trace.ErrSessionFinished)
 	}
-	s.Reward, s.Status = reward, status
+	index, next := s.next, s.next+1
+	if c.Choice > 0 {
+		if s.next == 0 {
+			return fmt.Errorf("record: session %q: choice %d with no call before it", c.SessionID, c.Choice)
+		}
+		index, next = s.next-1, s.next
+	}
+	c.Index, s.next = index, next
+	s.s.Calls = append(s.s.Calls, cloneCall(*c))
 	return nil
 }
 
-// Session returns the session with its calls.
+// cloneCall copies c's slices, so that the caller may reuse its buffers (the store does
+// not retain them, as bolt does not).
+func cloneCall(c trace.Call) trace.Call {
+	c.PromptIDs = slices.Clone(c.PromptIDs)
+	c.ResponseIDs = slices.Clone(c.ResponseIDs)
+	c.Logprobs = slices.Clone(c.Logprobs)
+	c.Request = slices.Clone(c.Request)
+	c.UpstreamRequest = slices.Clone(c.UpstreamRequest)
+	c.Response = slices.Clone(c.Response)
+	return c
+}
+
+// CreateSession stores a new running session s (its ID, TaskID and GroupID) with key as
+// its API key (none when empty) and its id as a key too. The session joins group
+// s.GroupID, created on first use; every session of a group must have the group's task,
+// and a group in a step, dropped or timed out takes no new session.
+func (m *Store) CreateSession(s trace.Session, key string) error {
+	if s.ID == "" {
+		return errors.New("create session: empty id")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if m.sessions[s.ID] != nil {
+		return fmt.Errorf("create session: %w: %q", trace.ErrSessionExists, s.ID)
+	}
+	if old, ok := m.keys[key]; key != "" && ok && old != s.ID {
+		return fmt.Errorf("create session %q: key is already the key of session %q", s.ID, old)
+	}
+	if s.GroupID != "" {
+		g := m.groups[s.GroupID]
+		if g == nil {
+			g = &group{task: s.TaskID, step: -1, created: time.Now().UTC()}
+			m.groups[s.GroupID] = g
+		}
+		if g.task != s.TaskID {
+			return fmt.Errorf("create session %q: group %q is for task %q, not %q", s.ID, s.GroupID, g.task, s.TaskID)
+		}
+		if g.step >= 0 || g.dropped || g.timedOut {
+			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v, timed out %v)",
+				s.ID, s.GroupID, g.step, g.dropped, g.timedOut)
+		}
+		g.members = append(g.members, s.ID)
+	}
+	m.addSessionLocked(s)
+	if key != "" {
+		m.keys[key] = s.ID
+	}
+	if _, ok := m.keys[s.ID]; !ok {
+		m.keys[s.ID] = s.ID // x-floe-session: <id>
+	}
+	return nil
+}
+
+// SetGroupSize records how many sessions make group id complete. The first size given is
+// kept: the same size again is a no-op, another one fails with trace.ErrGroupSize.
+func (m *Store) SetGroupSize(id string, size int) error {
+	if size < 0 {
+		return fmt.Errorf("group %q: negative size %d", id, size)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	g := m.groups[id]
+	switch {
+	case g == nil:
+		return fmt.Errorf("set group size: %w: %q", trace.ErrUnknownGroup, id)
+	case g.size == size:
+		return nil
+	case g.size != 0:
+		return fmt.Errorf("group %q: %w to %d, not %d", id, trace.ErrGroupSize, g.size, size)
+	}
+	g.size = size
+	return nil
+}
+
+// FinishSession records the outcome of a running session, once. It fails with
+// trace.ErrUnknownSession or trace.ErrSessionFinished, and for a status other than
+// completed, failed or timeout or a reward that is not finite.
+func (m *Store) FinishSession(id string, reward float64, status trace.Status) error {
+	switch status {
+	case trace.StatusCompleted, trace.StatusFailed, trace.StatusTimeout:
+	default:
+		return fmt.Errorf("finish session %q: status %q is not completed, failed or timeout", id, status)
+	}
+	if math.IsNaN(reward) || math.IsInf(reward, 0) {
+		return fmt.Errorf("finish session %q: reward %v is not finite", id, reward)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	return m.finishLocked(id, reward, status)
+}
+
+func (m *Store) finishLocked(id string, reward float64, status trace.Status) error {
+	s := m.sessions[id]
+	switch {
+	case s == nil:
+		return fmt.Errorf("finish session: %w: %q", trace.ErrUnknownSession, id)
+	case s.s.Status != trace.StatusRunning:
+		return fmt.Errorf("finish session %q: %w (%s)", id, trace.ErrSessionFinished, s.s.Status)
+	}
+	s.s.Reward, s.s.Status = reward, status
+	return nil
+}
+
+// Session returns session id with its calls. trace.ErrUnknownSession.
 func (m *Store) Session(id string) (trace.Session, error) {
 	m.mu.Lock()
-	s, ok := m.sessions[id]
-	m.mu.Unlock()
-	if !ok {
-		return trace.Session{}, fmt.Errorf("no session %q", id)
+	defer m.mu.Unlock()
+	m.init()
+	s := m.sessions[id]
+	if s == nil {
+		return trace.Session{}, fmt.Errorf("%w: %q", trace.ErrUnknownSession, id)
 	}
-	out := *s
-	out.Calls = m.Calls(id)
-	return out, nil
+	return m.sessionLocked(s), nil
 }
 
-// Calls returns a copy of the calls recorded for session.
+func (m *Store) sessionLocked(s *session) trace.Session {
+	out := s.s
+	out.Calls = slices.Clone(s.s.Calls)
+	return out
+}
+
+// Calls returns a copy of the calls recorded for session (none for an unknown one).
 func (m *Store) Calls(session string) []trace.Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]trace.Call(nil), m.calls[session]...)
+	if s := m.sessions[session]; s != nil {
+		return slices.Clone(s.s.Calls)
+	}
+	return nil
+}
+
+// Groups lists every group's state, by id.
+func (m *Store) Groups() ([]trace.GroupState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	out := make([]trace.GroupState, 0, len(m.groups))
+	for id, g := range m.groups {
+		st := trace.GroupState{ID: id, TaskID: g.task, Size: g.size, Sessions: len(g.members), Step: g.step,
+			Dropped: g.dropped, DropReason: g.dropReason, Created: g.created, TimedOut: g.timedOut}
+		for _, sid := range g.members {
+			if m.sessions[sid].s.Status != trace.StatusRunning {
+				st.Finished++
+			}
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// FinishedGroups lists the groups ready to be formed into a step (trace.GroupState.Complete),
+// by id.
+func (m *Store) FinishedGroups() ([]string, error) {
+	gs, err := m.Groups()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, g := range gs {
+		if g.Complete() {
+			out = append(out, g.ID)
+		}
+	}
+	return out, nil
+}
+
+// Group returns group id with its sessions (in creation order) and their calls.
+// trace.ErrUnknownGroup.
+func (m *Store) Group(id string) (trace.Group, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	g := m.groups[id]
+	if g == nil {
+		return trace.Group{}, fmt.Errorf("%w: %q", trace.ErrUnknownGroup, id)
+	}
+	out := trace.Group{ID: id, TaskID: g.task}
+	for _, sid := range g.members {
+		out.Sessions = append(out.Sessions, m.sessionLocked(m.sessions[sid]))
+	}
+	return out, nil
+}
+
+// DropGroup marks group id dropped: it never goes into a step. trace.ErrUnknownGroup; a
+// group already in a step cannot be dropped.
+func (m *Store) DropGroup(id, reason string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	g := m.groups[id]
+	switch {
+	case g == nil:
+		return fmt.Errorf("drop group: %w: %q", trace.ErrUnknownGroup, id)
+	case g.step >= 0:
+		return fmt.Errorf("drop group %q: it is in step %d", id, g.step)
+	}
+	g.dropped, g.dropReason = true, reason
+	return nil
+}
+
+// TimeOutGroup ends group id at the group timeout: the group is marked timed out (closed
+// to new sessions, complete with the sessions it has) and its running sessions finish as
+// timeout with reward 0, all under one lock. It returns the sessions it finished; a group
+// in a step or dropped is left alone. trace.ErrUnknownGroup.
+func (m *Store) TimeOutGroup(id string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	g := m.groups[id]
+	if g == nil {
+		return nil, fmt.Errorf("time out group: %w: %q", trace.ErrUnknownGroup, id)
+	}
+	if g.step >= 0 || g.dropped {
+		return nil, nil
+	}
+	g.timedOut = true
+	var ended []string
+	for _, sid := range g.members {
+		if m.sessions[sid].s.Status == trace.StatusRunning {
+			if err := m.finishLocked(sid, 0, trace.StatusTimeout); err != nil {
+				return ended, fmt.Errorf("time out group %q: %w", id, err)
+			}
+			ended = append(ended, sid)
+		}
+	}
+	return ended, nil
+}
+
+// SaveStepRecord records step rec.N with its groups (trace.StepStore). The same record
+// again is a no-op; another record under its number, or a group already in another step,
+// fails with trace.ErrStepConflict; a committed step with trace.ErrCommitted; an unknown
+// group with trace.ErrUnknownGroup. Nothing changes when it fails.
+func (m *Store) SaveStepRecord(rec trace.StepRecord) error {
+	n := rec.N
+	if n < 0 {
+		return fmt.Errorf("save step %d: negative step", n)
+	}
+	if len(rec.Groups) == 0 {
+		return fmt.Errorf("save step %d: no groups", n)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if old := m.steps[n]; old != nil {
+		if old.Committed {
+			return fmt.Errorf("save step %d: %w", n, trace.ErrCommitted)
+		}
+		if !slices.Equal(old.Groups, rec.Groups) || old.MinPolicyVersion != rec.MinPolicyVersion || old.TokenBudget != rec.TokenBudget {
+			return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d), not %q (from %d, budget %d)",
+				n, trace.ErrStepConflict, old.Groups, old.MinPolicyVersion, old.TokenBudget, rec.Groups, rec.MinPolicyVersion, rec.TokenBudget)
+		}
+		return nil
+	}
+	// Check every group before taking any, so that a failed save claims none.
+	seen := map[string]bool{}
+	for _, gid := range rec.Groups {
+		g := m.groups[gid]
+		switch {
+		case g == nil:
+			return fmt.Errorf("save step %d: %w: %q", n, trace.ErrUnknownGroup, gid)
+		case g.step >= 0 || seen[gid]:
+			return fmt.Errorf("save step %d: %w: group %q is in step %d", n, trace.ErrStepConflict, gid, max(g.step, n))
+		case g.dropped:
+			return fmt.Errorf("save step %d: group %q was dropped (%s)", n, gid, g.dropReason)
+		}
+		seen[gid] = true
+	}
+	for _, gid := range rec.Groups {
+		m.groups[gid].step = n
+	}
+	m.steps[n] = &trace.StepRecord{N: n, Groups: slices.Clone(rec.Groups), MinPolicyVersion: rec.MinPolicyVersion,
+		TokenBudget: rec.TokenBudget, Saved: time.Now().UTC()}
+	return nil
+}
+
+// SaveStep is SaveStepRecord of step n from groups, with no cut-off and no budget.
+func (m *Store) SaveStep(n int64, groups []string) error {
+	return m.SaveStepRecord(trace.StepRecord{N: n, Groups: groups})
+}
+
+// CommitStep records that the trainer consumed step n, exactly once: trace.ErrCommitted
+// on a second commit, trace.ErrUnknownStep for a step never saved.
+func (m *Store) CommitStep(n int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	st := m.steps[n]
+	switch {
+	case st == nil:
+		return fmt.Errorf("commit step %d: %w", n, trace.ErrUnknownStep)
+	case st.Committed:
+		return fmt.Errorf("commit step %d: %w", n, trace.ErrCommitted)
+	}
+	st.Committed = true
+	return nil
+}
+
+// StepCommitted reports whether step n was committed. trace.ErrUnknownStep.
+func (m *Store) StepCommitted(n int64) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	st := m.steps[n]
+	if st == nil {
+		return false, fmt.Errorf("step %d: %w", n, trace.ErrUnknownStep)
+	}
+	return st.Committed, nil
+}
+
+// Steps returns the saved steps not yet committed, by number, and the highest committed
+// step number (-1 when none).
+func (m *Store) Steps() ([]trace.StepRecord, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	var un []trace.StepRecord
+	last := int64(-1)
+	for n, st := range m.steps {
+		if st.Committed {
+			last = max(last, n)
+			continue
+		}
+		rec := *st
+		rec.Groups = slices.Clone(st.Groups)
+		un = append(un, rec)
+	}
+	sort.Slice(un, func(i, j int) bool { return un[i].N < un[j].N })
+	return un, last, nil
+}
+
+// SetPolicyVersion records the policy version rollouts run under.
+func (m *Store) SetPolicyVersion(v int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.policy = v
+	return nil
+}
+
+// PolicyVersion is the last version set; 0 when none.
+func (m *Store) PolicyVersion() (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.policy, nil
 }
