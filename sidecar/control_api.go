@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -16,7 +17,7 @@ import (
 // SessionStore is what the control API needs of the trace store: mem.Store or the
 // durable bolt.Store.
 type SessionStore interface {
-	CreateSession(s trace.Session, key string) error
+	CreateSession(s trace.Session, key string, groupSize int) error
 	SetGroupSize(group string, size int) error
 	FinishSession(id string, reward float64, status trace.Status) error
 	Session(id string) (trace.Session, error)
@@ -104,17 +105,15 @@ func (c *ControlAPI) createSession(w http.ResponseWriter, r *http.Request) {
 	if group == "" {
 		group = id // a session alone is a group of one
 	}
-	if err := c.Store.CreateSession(trace.Session{ID: id, TaskID: req.TaskID, GroupID: group}, key); err != nil {
+	if err := c.Store.CreateSession(trace.Session{ID: id, TaskID: req.TaskID, GroupID: group}, key, req.GroupSize); err != nil {
 		c.error(w, http.StatusConflict, "create session: %v", err)
 		return
 	}
-	size := req.GroupSize
-	if size == 0 && req.GroupID != "" {
-		size = c.DefaultGroupSize
-	}
-	if size > 0 {
-		if err := c.Store.SetGroupSize(group, size); err != nil {
-			c.error(w, http.StatusConflict, "group %q: %v", group, err)
+	// The default size applies to a named group that no session gave a size: a group
+	// that has one keeps it.
+	if req.GroupSize == 0 && req.GroupID != "" && c.DefaultGroupSize > 0 {
+		if err := c.Store.SetGroupSize(group, c.DefaultGroupSize); err != nil && !errors.Is(err, trace.ErrGroupSize) {
+			c.error(w, http.StatusInternalServerError, "group %q: %v", group, err)
 			return
 		}
 	}

@@ -105,3 +105,50 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		t.Errorf("other paths reach the proxy: got %q", b)
 	}
 }
+
+// TestControlAPIGroupSizeFirstKept: the first group_size given to a group is kept; a
+// session asking for another is refused with 409 and is never created, so it cannot hold
+// the group open; the default size applies only to a group that has none.
+func TestControlAPIGroupSizeFirstKept(t *testing.T) {
+	store := &mem.Store{}
+	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, BaseURL: "http://floe.test", DefaultGroupSize: 8}
+	srv := httptest.NewServer(api.Handler(http.NotFoundHandler()))
+	defer srv.Close()
+	create := func(body string) int {
+		t.Helper()
+		resp, err := http.Post(srv.URL+"/floe/v1/sessions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		body string
+		want int
+	}{
+		{`{"task_id": "t", "group_id": "g", "group_size": 2}`, 200},
+		{`{"task_id": "t", "group_id": "g"}`, 200}, // the default does not override 2
+		{`{"task_id": "t", "group_id": "g", "group_size": 1000}`, 409},
+		{`{"task_id": "t", "group_id": "h"}`, 200}, // h takes the default, 8
+		{`{"task_id": "t", "group_id": "h", "group_size": 8}`, 200},
+		{`{"task_id": "t", "group_id": "h", "group_size": 2}`, 409},
+	} {
+		if got := create(tc.body); got != tc.want {
+			t.Errorf("create %s: %d, want %d", tc.body, got, tc.want)
+		}
+	}
+	gs, err := store.Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []trace.GroupState{{ID: "g", TaskID: "t", Size: 2, Sessions: 2}, {ID: "h", TaskID: "t", Size: 8, Sessions: 2}}
+	if len(gs) != 2 {
+		t.Fatalf("groups %+v", gs)
+	}
+	for i := range want {
+		if gs[i].ID != want[i].ID || gs[i].Size != want[i].Size || gs[i].Sessions != want[i].Sessions {
+			t.Errorf("group %+v, want %+v", gs[i], want[i])
+		}
+	}
+}

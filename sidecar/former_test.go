@@ -39,7 +39,7 @@ func recordGroup(t *testing.T, s *bolt.Store, id string, n, promptLen int) {
 	t.Helper()
 	for i := range n {
 		sid := fmt.Sprintf("%s-s%d", id, i)
-		if err := s.CreateSession(trace.Session{ID: sid, TaskID: "t-" + id, GroupID: id}, "key-"+sid); err != nil {
+		if err := s.CreateSession(trace.Session{ID: sid, TaskID: "t-" + id, GroupID: id}, "key-"+sid, 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.SetGroupSize(id, n); err != nil {

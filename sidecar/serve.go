@@ -257,8 +257,8 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 // sessionStore also accepts a session's id as its key (x-floe-session).
 type sessionStore struct{ *bolt.Store }
 
-func (s sessionStore) CreateSession(sess trace.Session, key string) error {
-	if err := s.Store.CreateSession(sess, key); err != nil {
+func (s sessionStore) CreateSession(sess trace.Session, key string, groupSize int) error {
+	if err := s.Store.CreateSession(sess, key, groupSize); err != nil {
 		return err
 	}
 	return s.Store.AddKey(sess.ID, sess.ID)

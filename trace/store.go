@@ -64,8 +64,11 @@ type SessionKeys interface {
 // SessionStore creates and finishes sessions.
 type SessionStore interface {
 	// CreateSession stores s (its ID, TaskID and GroupID) as running, with key as its
-	// API key. ErrSessionExists when the id is taken.
-	CreateSession(s Session, key string) error
+	// API key. ErrSessionExists when the id is taken. A positive groupSize sets the
+	// group's size in the same write; when the group already has another size it fails
+	// with ErrGroupSize and creates nothing, so a refused session never holds its group
+	// open.
+	CreateSession(s Session, key string, groupSize int) error
 	// SetGroupSize records how many sessions complete group id; the first size given
 	// is kept, and another one fails with ErrGroupSize.
 	SetGroupSize(group string, size int) error

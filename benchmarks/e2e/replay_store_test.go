@@ -29,9 +29,9 @@ func TestFromStoreReplaysRecordedRequests(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"a", "b", "running"} {
-		must(st.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, ""))
+		must(st.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, "", 0))
 	}
-	must(st.CreateSession(trace.Session{ID: "alone", TaskID: "u"}, ""))
+	must(st.CreateSession(trace.Session{ID: "alone", TaskID: "u"}, "", 0))
 	rec := func(sess, req, answer, finish string) {
 		must(st.Record(ctx, &trace.Call{SessionID: sess, PromptIDs: []int32{1, 2}, ResponseIDs: []int32{3, 4}, Logprobs: []float32{-1, -1},
 			FinishReason: finish, Trainable: true, UpstreamRequest: json.RawMessage(req), Response: json.RawMessage(answer)}))

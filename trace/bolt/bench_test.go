@@ -59,7 +59,7 @@ func BenchmarkRecord(b *testing.B) {
 						r := round.Add(1)
 						src := sessions[(si+int(r))%len(sessions)]
 						id := fmt.Sprintf("s%d-%d", si, r)
-						if err := s.CreateSession(trace.Session{ID: id, TaskID: "t"}, ""); err != nil {
+						if err := s.CreateSession(trace.Session{ID: id, TaskID: "t"}, "", 0); err != nil {
 							b.Error(err)
 							return
 						}

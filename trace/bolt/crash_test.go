@@ -71,7 +71,7 @@ func crashChild(dir string) {
 	}
 	// A finished group with a committed step and one with an uncommitted step.
 	for _, g := range []string{"done0", "done1"} {
-		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: g, GroupID: g}, ""); err != nil {
+		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: g, GroupID: g}, "", 0); err != nil {
 			fail(err)
 		}
 		if err := s.FinishSession(g+"-s", 1, trace.StatusCompleted); err != nil {
@@ -90,7 +90,7 @@ func crashChild(dir string) {
 	say("STEPS")
 	for i := range crashSessions {
 		id := fmt.Sprintf("s%d", i)
-		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, "key-"+id); err != nil {
+		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, "key-"+id, 0); err != nil {
 			fail(err)
 		}
 	}

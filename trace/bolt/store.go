@@ -438,14 +438,19 @@ func groupBucket(tx *bolt.Tx, id string) (*bolt.Bucket, groupInfo, error) {
 // CreateSession stores a new running session s (its ID, TaskID and GroupID; other fields
 // are ignored) and, when key is not empty, key as its API key. The session joins group
 // s.GroupID, created on first use; every session of a group must have the group's task.
-func (s *Store) CreateSession(sess trace.Session, key string) error {
+// A positive groupSize sets the group's size in the same write, or fails with
+// ErrGroupSize, creating nothing, when the group already has another.
+func (s *Store) CreateSession(sess trace.Session, key string, groupSize int) error {
 	if sess.ID == "" {
 		return errors.New("create session: empty id")
 	}
-	return s.write(func(tx *bolt.Tx) error { return createSession(tx, sess, key) })
+	if groupSize < 0 || (groupSize > 0 && sess.GroupID == "") {
+		return fmt.Errorf("create session %q: group size %d for group %q", sess.ID, groupSize, sess.GroupID)
+	}
+	return s.write(func(tx *bolt.Tx) error { return createSession(tx, sess, key, groupSize) })
 }
 
-func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
+func createSession(tx *bolt.Tx, sess trace.Session, key string, groupSize int) error {
 	all := tx.Bucket(bSessions)
 	if all.Bucket([]byte(sess.ID)) != nil {
 		return fmt.Errorf("create session: %w: %q", ErrSessionExists, sess.ID)
@@ -481,6 +486,15 @@ func createSession(tx *bolt.Tx, sess trace.Session, key string) error {
 		if gi.Step >= 0 || gi.Dropped || gi.TimedOut {
 			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v, timed out %v)",
 				sess.ID, sess.GroupID, gi.Step, gi.Dropped, gi.TimedOut)
+		}
+		if groupSize > 0 && gi.Size != groupSize {
+			if gi.Size != 0 {
+				return fmt.Errorf("create session %q: group %q: %w to %d, not %d", sess.ID, sess.GroupID, ErrGroupSize, gi.Size, groupSize)
+			}
+			gi.Size = groupSize
+			if err := putJSON(g, kInfo, gi); err != nil {
+				return err
+			}
 		}
 		m := g.Bucket(kMembers)
 		n, _ := m.NextSequence()
@@ -553,7 +567,7 @@ func (s *Store) Open(key string) (string, error) {
 		if tx.Bucket(bSessions).Bucket([]byte(key)) != nil {
 			return tx.Bucket(bKeys).Put([]byte(key), []byte(key))
 		}
-		return createSession(tx, trace.Session{ID: key}, key)
+		return createSession(tx, trace.Session{ID: key}, key, 0)
 	})
 	return id, err
 }

@@ -222,7 +222,7 @@ func TestRoundTrip(t *testing.T) {
 				dir := t.TempDir()
 				s := open(t, dir, Options{Commit: mode})
 				defer func() { s.Close() }()
-				if err := s.CreateSession(trace.Session{ID: name, TaskID: "task", GroupID: "g"}, "key-"+name); err != nil {
+				if err := s.CreateSession(trace.Session{ID: name, TaskID: "task", GroupID: "g"}, "key-"+name, 0); err != nil {
 					t.Fatal(err)
 				}
 				if got, ok := s.Resolve("key-" + name); !ok || got != name {
@@ -282,7 +282,7 @@ func TestCorpusGroups(t *testing.T) {
 	defer s.Close()
 	for _, g := range groups {
 		for _, sess := range g.Sessions {
-			if err := s.CreateSession(trace.Session{ID: sess.ID, TaskID: g.TaskID, GroupID: g.ID}, "k"+sess.ID); err != nil {
+			if err := s.CreateSession(trace.Session{ID: sess.ID, TaskID: g.TaskID, GroupID: g.ID}, "k"+sess.ID, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -358,8 +358,8 @@ func TestSessionLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(s.CreateSession(trace.Session{ID: "a", TaskID: "t", GroupID: "g"}, "ka"))
-	must(s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, ""))
+	must(s.CreateSession(trace.Session{ID: "a", TaskID: "t", GroupID: "g"}, "ka", 0))
+	must(s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, "", 0))
 	must(s.AddKey("kb", "b"))
 	must(s.SetGroupSize("g", 3))
 	for _, tc := range []struct {
@@ -367,10 +367,10 @@ func TestSessionLifecycle(t *testing.T) {
 		err  error
 		is   error
 	}{
-		{"duplicate session", s.CreateSession(trace.Session{ID: "a", TaskID: "t"}, ""), ErrSessionExists},
+		{"duplicate session", s.CreateSession(trace.Session{ID: "a", TaskID: "t"}, "", 0), ErrSessionExists},
 		{"key of another session", s.AddKey("ka", "b"), nil},
 		{"key of unknown session", s.AddKey("kz", "zz"), ErrUnknownSession},
-		{"group of another task", s.CreateSession(trace.Session{ID: "c", TaskID: "u", GroupID: "g"}, ""), nil},
+		{"group of another task", s.CreateSession(trace.Session{ID: "c", TaskID: "u", GroupID: "g"}, "", 0), nil},
 		{"record unknown session", s.Record(ctx, &trace.Call{SessionID: "nope"}), ErrUnknownSession},
 		{"record no session", s.Record(ctx, &trace.Call{}), nil},
 		{"finish unknown", s.FinishSession("nope", 1, trace.StatusCompleted), ErrUnknownSession},
@@ -437,7 +437,7 @@ func TestSessionLifecycle(t *testing.T) {
 	if err := s.SetGroupSize("nope", 3); !errors.Is(err, trace.ErrUnknownGroup) {
 		t.Fatalf("SetGroupSize of an unknown group: %v", err)
 	}
-	must(s.CreateSession(trace.Session{ID: "c", TaskID: "t", GroupID: "g"}, ""))
+	must(s.CreateSession(trace.Session{ID: "c", TaskID: "t", GroupID: "g"}, "", 0))
 	must(s.FinishSession("c", 1, trace.StatusCompleted))
 	if fin, _ := s.FinishedGroups(); !slices.Equal(fin, []string{"g"}) {
 		t.Fatalf("FinishedGroups = %v", fin)
@@ -457,7 +457,7 @@ func TestSteps(t *testing.T) {
 	s := open(t, dir, Options{})
 	defer func() { s.Close() }()
 	for _, g := range []string{"g0", "g1", "g2", "g3", "g4"} {
-		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t" + g, GroupID: g}, ""); err != nil {
+		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t" + g, GroupID: g}, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.FinishSession(g+"-s", 1, trace.StatusCompleted); err != nil {
@@ -537,7 +537,7 @@ func TestGroupTimeout(t *testing.T) {
 	defer func() { s.Close() }()
 	ctx := context.Background()
 	for _, id := range []string{"a", "b", "c"} {
-		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, id); err != nil {
+		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, id, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -572,7 +572,7 @@ func TestGroupTimeout(t *testing.T) {
 	if err := s.Record(ctx, &trace.Call{SessionID: "b", PromptIDs: []int32{1}}); !errors.Is(err, ErrSessionFinished) {
 		t.Fatalf("a call after the timeout: %v", err)
 	}
-	if err := s.CreateSession(trace.Session{ID: "d", TaskID: "t", GroupID: "g"}, ""); err == nil {
+	if err := s.CreateSession(trace.Session{ID: "d", TaskID: "t", GroupID: "g"}, "", 0); err == nil {
 		t.Fatal("a session joined a timed-out group")
 	}
 	if ended, err := s.TimeOutGroup("g"); err != nil || len(ended) != 0 {
@@ -617,7 +617,7 @@ func TestPrefixByReference(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
 	defer func() { s.Close() }()
-	if err := s.CreateSession(trace.Session{ID: "s"}, ""); err != nil {
+	if err := s.CreateSession(trace.Session{ID: "s"}, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	prompt := toks(rng, 4000)
@@ -680,7 +680,7 @@ func TestPrefixByReference(t *testing.T) {
 	if got, err := ro.Usage(); err != nil || got.Calls != 40 {
 		t.Fatalf("read-only Usage = %+v %v", got, err)
 	}
-	if err := ro.CreateSession(trace.Session{ID: "x"}, ""); !errors.Is(err, ErrReadOnly) {
+	if err := ro.CreateSession(trace.Session{ID: "x"}, "", 0); !errors.Is(err, ErrReadOnly) {
 		t.Fatalf("a write to a read-only store: %v", err)
 	}
 	s = ro
@@ -752,7 +752,7 @@ func TestFormatRefusal(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := open(t, dir, Options{})
-			s.CreateSession(trace.Session{ID: "x"}, "")
+			s.CreateSession(trace.Session{ID: "x"}, "", 0)
 			s.Close()
 			path := filepath.Join(dir, FileName)
 			valid, _ := os.ReadFile(path)
@@ -774,7 +774,7 @@ func TestFormatRefusal(t *testing.T) {
 	t.Run("corrupt call record", func(t *testing.T) {
 		dir := t.TempDir()
 		s := open(t, dir, Options{})
-		s.CreateSession(trace.Session{ID: "x"}, "")
+		s.CreateSession(trace.Session{ID: "x"}, "", 0)
 		s.Record(context.Background(), &trace.Call{SessionID: "x", PromptIDs: []int32{1, 2, 3}, ResponseIDs: []int32{4}, Logprobs: []float32{-1}})
 		s.db.Update(func(tx *bolt.Tx) error {
 			cb := tx.Bucket(bSessions).Bucket([]byte("x")).Bucket(kCalls)
@@ -803,7 +803,7 @@ func TestUsageSeparatesTheRecordedJSON(t *testing.T) {
 		rng := rand.New(rand.NewPCG(5, 6)) // the same tokens either way
 		s := open(t, t.TempDir(), Options{})
 		defer s.Close()
-		if err := s.CreateSession(trace.Session{ID: "s"}, ""); err != nil {
+		if err := s.CreateSession(trace.Session{ID: "s"}, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		c := call("s", toks(rng, 100), toks(rng, 20), rng)
@@ -837,13 +837,13 @@ func TestTimeOutGroupRacesCreateSession(t *testing.T) {
 	defer s.Close()
 	for i := range 100 {
 		g := fmt.Sprintf("g%03d", i)
-		if err := s.CreateSession(trace.Session{ID: g + "-a", TaskID: "t", GroupID: g}, ""); err != nil {
+		if err := s.CreateSession(trace.Session{ID: g + "-a", TaskID: "t", GroupID: g}, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = s.CreateSession(trace.Session{ID: g + "-b", TaskID: "t", GroupID: g}, "") // may be refused
+			_ = s.CreateSession(trace.Session{ID: g + "-b", TaskID: "t", GroupID: g}, "", 0) // may be refused
 		}()
 		if _, err := s.TimeOutGroup(g); err != nil {
 			t.Fatal(err)

@@ -21,7 +21,7 @@ func formatTwoStore(t *testing.T, dir string) {
 	t.Helper()
 	s := open(t, dir, Options{})
 	for _, g := range []string{"g0", "g1", "g2"} {
-		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t", GroupID: g}, ""); err != nil {
+		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t", GroupID: g}, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.FinishSession(g+"-s", 1, trace.StatusCompleted); err != nil {
@@ -124,7 +124,7 @@ func TestUpgradeMovesBudgetsFile(t *testing.T) {
 		t.Fatalf("budgets file after the re-run: %v", err)
 	}
 	// A budget saved with the step is returned as saved.
-	if err := s.CreateSession(trace.Session{ID: "g3-s", TaskID: "t", GroupID: "g3"}, ""); err != nil {
+	if err := s.CreateSession(trace.Session{ID: "g3-s", TaskID: "t", GroupID: "g3"}, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SaveStepRecord(trace.StepRecord{N: 3, Groups: []string{"g3"}, TokenBudget: 4096}); err != nil {
@@ -184,7 +184,7 @@ func TestCorruptBudgetsFile(t *testing.T) {
 // TestClosedStore: reads and writes after Close fail with ErrClosed.
 func TestClosedStore(t *testing.T) {
 	s := open(t, t.TempDir(), Options{})
-	if err := s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, ""); err != nil {
+	if err := s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -197,7 +197,7 @@ func TestClosedStore(t *testing.T) {
 	_, policyErr := s.PolicyVersion()
 	for name, err := range map[string]error{
 		"Record":        s.Record(t.Context(), &trace.Call{SessionID: "s"}),
-		"CreateSession": s.CreateSession(trace.Session{ID: "x"}, ""),
+		"CreateSession": s.CreateSession(trace.Session{ID: "x"}, "", 0),
 		"CommitStep":    s.CommitStep(0),
 		"Session":       sessErr,
 		"Group":         groupErr,

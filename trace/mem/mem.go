@@ -162,10 +162,15 @@ func cloneCall(c trace.Call) trace.Call {
 // CreateSession stores a new running session s (its ID, TaskID and GroupID) with key as
 // its API key (none when empty) and its id as a key too. The session joins group
 // s.GroupID, created on first use; every session of a group must have the group's task,
-// and a group in a step, dropped or timed out takes no new session.
-func (m *Store) CreateSession(s trace.Session, key string) error {
+// and a group in a step, dropped or timed out takes no new session. A positive
+// groupSize sets the group's size at once, or fails with trace.ErrGroupSize, creating
+// nothing, when the group already has another.
+func (m *Store) CreateSession(s trace.Session, key string, groupSize int) error {
 	if s.ID == "" {
 		return errors.New("create session: empty id")
+	}
+	if groupSize < 0 || (groupSize > 0 && s.GroupID == "") {
+		return fmt.Errorf("create session %q: group size %d for group %q", s.ID, groupSize, s.GroupID)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -188,6 +193,12 @@ func (m *Store) CreateSession(s trace.Session, key string) error {
 		if g.step >= 0 || g.dropped || g.timedOut {
 			return fmt.Errorf("create session %q: group %q is closed (in step %d, dropped %v, timed out %v)",
 				s.ID, s.GroupID, g.step, g.dropped, g.timedOut)
+		}
+		if groupSize > 0 && g.size != 0 && g.size != groupSize {
+			return fmt.Errorf("create session %q: group %q: %w to %d, not %d", s.ID, s.GroupID, trace.ErrGroupSize, g.size, groupSize)
+		}
+		if groupSize > 0 {
+			g.size = groupSize
 		}
 		g.members = append(g.members, s.ID)
 	}

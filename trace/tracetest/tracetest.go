@@ -43,7 +43,7 @@ type Store interface {
 func StoreRecorder(s Store) RecorderStore {
 	return RecorderStore{
 		CallRecorder: s,
-		Create:       func(id string) error { return s.CreateSession(trace.Session{ID: id, TaskID: "t"}, "") },
+		Create:       func(id string) error { return s.CreateSession(trace.Session{ID: id, TaskID: "t"}, "", 0) },
 		Finish:       func(id string) error { return s.FinishSession(id, 1, trace.StatusCompleted) },
 		Calls: func(id string) ([]trace.Call, error) {
 			sess, err := s.Session(id)
@@ -258,15 +258,15 @@ func equalCall(got, want trace.Call) error {
 func Sessions(t *testing.T, f Factory[Store]) {
 	t.Run("create, resolve, read", func(t *testing.T) {
 		s := f.New(t)
-		must(t, s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k1"))
+		must(t, s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k1", 0))
 		if id, ok := s.Resolve("k1"); !ok || id != "s1" {
 			t.Errorf("Resolve(k1) = %q %v, want s1", id, ok)
 		}
 		if id, ok := s.Resolve("nope"); ok {
 			t.Errorf("Resolve of an unknown key = %q", id)
 		}
-		wantErr(t, "CreateSession of a taken id", s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k2"), trace.ErrSessionExists)
-		if err := s.CreateSession(trace.Session{ID: "s2", TaskID: "t"}, "k1"); err == nil {
+		wantErr(t, "CreateSession of a taken id", s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k2", 0), trace.ErrSessionExists)
+		if err := s.CreateSession(trace.Session{ID: "s2", TaskID: "t"}, "k1", 0); err == nil {
 			t.Error("CreateSession with another session's key succeeded")
 		}
 		must(t, s.Record(bg, call("s1", 0, 1)))
@@ -280,7 +280,7 @@ func Sessions(t *testing.T, f Factory[Store]) {
 	})
 	t.Run("finish", func(t *testing.T) {
 		s := f.New(t)
-		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, ""))
+		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, "", 0))
 		for _, bad := range []struct {
 			reward float64
 			status trace.Status
@@ -302,7 +302,7 @@ func Sessions(t *testing.T, f Factory[Store]) {
 	})
 	t.Run("group size", func(t *testing.T) {
 		s := f.New(t)
-		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, ""))
+		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, "", 0))
 		must(t, s.SetGroupSize("g", 4))
 		must(t, s.SetGroupSize("g", 4))
 		wantErr(t, "another size", s.SetGroupSize("g", 2), trace.ErrGroupSize)
@@ -312,6 +312,27 @@ func Sessions(t *testing.T, f Factory[Store]) {
 			must(t, err)
 			if len(all) != 1 || all[0].Size != 4 {
 				t.Errorf("Groups = %+v, want g with the first size, 4", all)
+			}
+		}
+	})
+	t.Run("group size given with a session", func(t *testing.T) {
+		s := f.New(t)
+		must(t, s.CreateSession(trace.Session{ID: "a", TaskID: "t", GroupID: "g"}, "ka", 3))
+		must(t, s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, "kb", 3))
+		must(t, s.CreateSession(trace.Session{ID: "c", TaskID: "t", GroupID: "g"}, "kc", 0))
+		wantErr(t, "a session with another group size", s.CreateSession(trace.Session{ID: "d", TaskID: "t", GroupID: "g"}, "kd", 5), trace.ErrGroupSize)
+		if _, err := s.Session("d"); !errors.Is(err, trace.ErrUnknownSession) {
+			t.Errorf("the refused session exists: %v", err)
+		}
+		if _, ok := s.Resolve("kd"); ok {
+			t.Error("the refused session's key resolves")
+		}
+		wantErr(t, "a second size through SetGroupSize", s.SetGroupSize("g", 5), trace.ErrGroupSize)
+		if gs, ok := s.(trace.GroupStore); ok {
+			all, err := gs.Groups()
+			must(t, err)
+			if len(all) != 1 || all[0].Size != 3 || all[0].Sessions != 3 {
+				t.Errorf("Groups = %+v, want g of size 3 with its 3 sessions, not the refused one", all)
 			}
 		}
 	})
@@ -329,7 +350,7 @@ func Sessions(t *testing.T, f Factory[Store]) {
 			t.Errorf("Resolve after Open = %q %v", got, ok)
 		}
 		must(t, s.Record(bg, call(id, 0, 1)))
-		must(t, s.CreateSession(trace.Session{ID: "known", TaskID: "t"}, "known-key"))
+		must(t, s.CreateSession(trace.Session{ID: "known", TaskID: "t"}, "known-key", 0))
 		if got, err := s.Open("known-key"); err != nil || got != "known" {
 			t.Errorf("Open of a known key = %q %v, want its session", got, err)
 		}
@@ -339,10 +360,10 @@ func Sessions(t *testing.T, f Factory[Store]) {
 	}
 	t.Run("kept across a restart", func(t *testing.T) {
 		s := f.New(t)
-		must(t, s.CreateSession(trace.Session{ID: "a", TaskID: "t", GroupID: "g"}, "ka"))
+		must(t, s.CreateSession(trace.Session{ID: "a", TaskID: "t", GroupID: "g"}, "ka", 0))
 		must(t, s.SetGroupSize("g", 3))
 		must(t, s.Record(bg, call("a", 0, 1)))
-		must(t, s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, "kb"))
+		must(t, s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, "kb", 0))
 		must(t, s.FinishSession("b", 1, trace.StatusCompleted))
 		s = f.Reopen(t, s)
 		if id, ok := s.Resolve("ka"); !ok || id != "a" {
@@ -350,7 +371,7 @@ func Sessions(t *testing.T, f Factory[Store]) {
 		}
 		wantErr(t, "a second finish after a restart", s.FinishSession("b", 1, trace.StatusCompleted), trace.ErrSessionFinished)
 		wantErr(t, "another group size after a restart", s.SetGroupSize("g", 2), trace.ErrGroupSize)
-		wantErr(t, "a taken id after a restart", s.CreateSession(trace.Session{ID: "a", TaskID: "t"}, ""), trace.ErrSessionExists)
+		wantErr(t, "a taken id after a restart", s.CreateSession(trace.Session{ID: "a", TaskID: "t"}, "", 0), trace.ErrSessionExists)
 		got, err := s.Session("a")
 		must(t, err)
 		if got.Status != trace.StatusRunning || len(got.Calls) != 1 {
@@ -380,10 +401,10 @@ func Groups(t *testing.T, f Factory[Store]) {
 	t.Run("state and completeness", func(t *testing.T) {
 		s := f.New(t)
 		for _, id := range []string{"b2", "a1", "c3"} {
-			must(t, s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, ""))
+			must(t, s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, "", 0))
 		}
-		must(t, s.CreateSession(trace.Session{ID: "o", TaskID: "u", GroupID: "other"}, ""))
-		if err := s.CreateSession(trace.Session{ID: "x", TaskID: "not-t", GroupID: "g"}, ""); err == nil {
+		must(t, s.CreateSession(trace.Session{ID: "o", TaskID: "u", GroupID: "other"}, "", 0))
+		if err := s.CreateSession(trace.Session{ID: "x", TaskID: "not-t", GroupID: "g"}, "", 0); err == nil {
 			t.Error("a session of another task joined the group")
 		}
 		must(t, s.SetGroupSize("g", 4))
@@ -401,7 +422,7 @@ func Groups(t *testing.T, f Factory[Store]) {
 		if state(t, s, "g").Complete() {
 			t.Error("a group short of its size is complete")
 		}
-		must(t, s.CreateSession(trace.Session{ID: "d4", TaskID: "t", GroupID: "g"}, ""))
+		must(t, s.CreateSession(trace.Session{ID: "d4", TaskID: "t", GroupID: "g"}, "", 0))
 		must(t, s.FinishSession("d4", 1, trace.StatusCompleted))
 		if g := state(t, s, "g"); !g.Complete() {
 			t.Errorf("a finished group of its size is not complete: %+v", g)
@@ -421,21 +442,21 @@ func Groups(t *testing.T, f Factory[Store]) {
 	})
 	t.Run("drop", func(t *testing.T) {
 		s := f.New(t)
-		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, ""))
+		must(t, s.CreateSession(trace.Session{ID: "s", TaskID: "t", GroupID: "g"}, "", 0))
 		must(t, s.FinishSession("s", 1, trace.StatusCompleted))
 		must(t, s.DropGroup("g", "too few usable sessions"))
 		if g := state(t, s, "g"); !g.Dropped || g.DropReason != "too few usable sessions" || g.Complete() {
 			t.Errorf("dropped group %+v", g)
 		}
 		wantErr(t, "DropGroup of an unknown id", s.DropGroup("nope", "x"), trace.ErrUnknownGroup)
-		if err := s.CreateSession(trace.Session{ID: "late", TaskID: "t", GroupID: "g"}, ""); err == nil {
+		if err := s.CreateSession(trace.Session{ID: "late", TaskID: "t", GroupID: "g"}, "", 0); err == nil {
 			t.Error("a dropped group took a new session")
 		}
 	})
 	t.Run("time out", func(t *testing.T) {
 		s := f.New(t)
 		for _, id := range []string{"done", "hung"} {
-			must(t, s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, ""))
+			must(t, s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, "", 0))
 		}
 		must(t, s.SetGroupSize("g", 4))
 		must(t, s.FinishSession("done", 1, trace.StatusCompleted))
@@ -457,7 +478,7 @@ func Groups(t *testing.T, f Factory[Store]) {
 			t.Errorf("a finished session was changed by the timeout: %+v", done)
 		}
 		wantErr(t, "Record in a timed-out session", s.Record(bg, call("hung", 0, 1)), trace.ErrSessionFinished)
-		if err := s.CreateSession(trace.Session{ID: "late", TaskID: "t", GroupID: "g"}, ""); err == nil {
+		if err := s.CreateSession(trace.Session{ID: "late", TaskID: "t", GroupID: "g"}, "", 0); err == nil {
 			t.Error("a timed-out group took a new session")
 		}
 		again, err := s.TimeOutGroup("g")
@@ -476,7 +497,7 @@ func Steps(t *testing.T, f Factory[Store]) {
 	groups := func(t *testing.T, s Store, ids ...string) {
 		t.Helper()
 		for _, g := range ids {
-			must(t, s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t-" + g, GroupID: g}, ""))
+			must(t, s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t-" + g, GroupID: g}, "", 0))
 			must(t, s.FinishSession(g+"-s", 1, trace.StatusCompleted))
 		}
 	}
