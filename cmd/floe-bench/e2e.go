@@ -76,7 +76,7 @@ func runE2E(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&b.groups, "groups", 8, "GRPO groups of the synthetic corpus (0: the corpus's own count)")
 	fs.Int64Var(&b.seed, "seed", 1, "synthetic corpus seed")
 	strategies := fs.String("strategies", "per_request,prefix_merging,tree", "strategies to run, comma-separated")
-	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge and torch installed")
+	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge, floe_refserver and torch installed")
 	fs.StringVar(&b.trainer, "trainer", "trainer-bridge/examples/train_grpo.py", "trainer script (floe_bridge's example trainer's flags)")
 	trainerArgs := fs.String("trainer-args", "--preset refserver",
 		"more trainer flags: --preset refserver trains the reference server's own model (rollout log-probs match at step 0); on a GPU e.g. --preset qwen2.5-0.5b --dtype bfloat16 --attn flex")
