@@ -10,7 +10,7 @@
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    the whole loop: reference inference server, floe serve, agent rollouts, GRPO trainer
-#                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe bench)
+#                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe-bench)
 
 GO       ?= go
 GOFMT    ?= gofmt
@@ -86,7 +86,7 @@ bench:
 
 # Regenerates the committed packing report and the corpus statistics beside the generator.
 bench-report:
-	$(GO) run ./cmd/floe bench -out benchmarks/results/packing/REPORT.md -corpus-stats benchmarks/corpus/STATS.md
+	$(GO) run ./cmd/floe-bench -out benchmarks/results/packing/REPORT.md -corpus-stats benchmarks/corpus/STATS.md
 
 # Flight delivery Go server -> pyarrow client, TCP and Unix socket, beside a memory copy.
 bench-flight: venv
@@ -94,12 +94,12 @@ bench-flight: venv
 
 # Proxy overhead against a zero-latency fake upstream.
 bench-proxy:
-	$(GO) run ./cmd/floe bench-proxy -out benchmarks/results/proxy/REPORT.md
+	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
 
 # End to end: replay the small synthetic corpus through floe against the reference server,
 # train the tiny model once per strategy on CPU, write the report and plots.
 bench-e2e: venv
-	$(GO) run ./cmd/floe bench e2e -name e2e-cpu -corpus cpu -groups 6 -groups-per-step 1 -python $(VPY)
+	$(GO) run ./cmd/floe-bench e2e -name e2e-cpu -corpus cpu -groups 6 -groups-per-step 1 -python $(VPY)
 
 # The GPU run: a 0.5B Qwen2 in bf16 with FlexAttention on the medium corpus.
 bench-e2e-gpu:
@@ -108,7 +108,7 @@ bench-e2e-gpu:
 # Prebuilt binaries for a GPU machine without Go (benchmarks/gpu/run.sh uses bin/).
 gpu-bundle:
 	mkdir -p bin
-	$(GO) build -o bin/floe ./cmd/floe
+	$(GO) build -o bin/ ./cmd/floe ./cmd/floe-bench
 	$(GO) test -c -o bin/gpu.test ./gpu
 
 fuzz:

@@ -184,7 +184,7 @@ func gpuBusy(r Run) float64 {
 	return sum / float64(n)
 }
 
-// String is the one-line summary `floe bench report` prints per strategy.
+// String is the one-line summary `floe-bench report` prints per strategy.
 func (s Summary) String() string {
 	return fmt.Sprintf("%s: %s rows (%s vs per_request), train %s s (%s), %s s/step, data wait %s, GPU busy %s",
 		s.Strategy, compact(float64(s.Rows)), fmtRatio(s.RowsRatio), sig3(s.TrainSeconds), fmtRatio(s.TrainRatio),

@@ -5,8 +5,8 @@ package e2e
 
 import "time"
 
-// Run is one strategy's run of the benchmark, as `floe bench e2e` writes it to
-// <out>/runs/<strategy>.json and `floe bench report` reads it. Times are seconds since
+// Run is one strategy's run of the benchmark, as `floe-bench e2e` writes it to
+// <out>/runs/<strategy>.json and `floe-bench report` reads it. Times are seconds since
 // Started unless a field says otherwise.
 type Run struct {
 	Name     string    `json:"name"`     // the benchmark's name (the results folder)

@@ -4,11 +4,11 @@
 #   1. the GPU: nvidia-smi, torch sees it;
 #   2. floe's NVML monitor against the real driver (TestSystemNVML, FLOE_REQUIRE_GPU=1);
 #   3. the bridge's equivalence test on CUDA (FlexAttention BlockMask path);
-#   4. floe bench e2e: a Qwen2.5-0.5B-shaped model (random init, bf16, FlexAttention)
+#   4. floe-bench e2e: a Qwen2.5-0.5B-shaped model (random init, bf16, FlexAttention)
 #      trained on the medium synthetic corpus with each strategy, NVML at 10 Hz.
 #
 # Usage, from the repository root:
-#   bash benchmarks/gpu/run.sh                # builds floe with go
+#   bash benchmarks/gpu/run.sh                # builds floe and floe-bench with go
 #   make gpu-bundle; bash benchmarks/gpu/run.sh   # on a machine without Go: bin/ prebuilt
 # Results go to $OUT (default benchmarks/results): e2e-h200/REPORT.md, plots, runs/*.json,
 # and gpu-checks.log. Tune the size with E2E_ARGS.
@@ -23,10 +23,10 @@ export PYTHONPATH="$PWD/trainer-bridge/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNB
 
 if command -v go >/dev/null; then
 	mkdir -p bin
-	go build -o bin/floe ./cmd/floe
+	go build -o bin/ ./cmd/floe ./cmd/floe-bench
 	go test -c -o bin/gpu.test ./gpu
 fi
-[ -x bin/floe ] || { echo "no bin/floe: run 'make gpu-bundle' where Go is, or install Go" >&2; exit 1; }
+[ -x bin/floe ] && [ -x bin/floe-bench ] || { echo "no bin/floe or bin/floe-bench: run 'make gpu-bundle' where Go is, or install Go" >&2; exit 1; }
 export FLOE_BIN="$PWD/bin/floe"
 
 step() { echo "== $*" | tee -a "$LOG"; }
@@ -46,9 +46,9 @@ fi
 step "bridge equivalence on CUDA"
 timeout 240 "$PY" -m pytest -q -p no:cacheprovider trainer-bridge/tests/test_equivalence.py 2>&1 | tail -5 | tee -a "$LOG" || true
 
-step "floe bench e2e"
+step "floe-bench e2e"
 # shellcheck disable=SC2086 # E2E_ARGS is a list of flags
-"$FLOE_BIN" bench e2e -name e2e-h200 -out "$OUT/e2e-h200" -python "$PY" -device cuda \
+bin/floe-bench e2e -name e2e-h200 -out "$OUT/e2e-h200" -python "$PY" -device cuda \
 	-corpus medium -groups 8 -groups-per-step 2 -token-budget 32768 -pad-multiple 128 -max-model-len 16384 \
 	-concurrency 16 -trainer-args "--preset qwen2.5-0.5b --dtype bfloat16 --attn flex --block-size 128" \
 	${E2E_ARGS:-} 2>&1 | tee -a "$LOG"

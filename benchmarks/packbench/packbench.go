@@ -1,6 +1,6 @@
 // Package packbench measures the batcher on a synthetic corpus: rows and attention cost
 // per strategy against per_request, packing quality, and reconstruct/pack/encode
-// throughput on one core. `floe bench` prints its table; `make demo` runs that.
+// throughput on one core. `floe-bench` prints its table; `make bench-report` commits it.
 package packbench
 
 import (

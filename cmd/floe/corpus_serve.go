@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,40 +15,36 @@ import (
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 )
+
+const corpusServeUsage = `usage: floe corpus-serve [flags]
+
+Forms steps from the synthetic agent-trace corpus and serves them over Arrow Flight
+(docs/flight.md). Prints {"flight": location, "steps": n} on stdout once serving.
+
+`
 
 // runCorpusServe forms steps from the synthetic corpus and serves them over Flight: the
 // trainer side of floe without harnesses or an inference server, for developing a trainer
 // against floe, for the bridge's tests and for benchmarks.
 func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("floe corpus-serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: floe corpus-serve [flags]\n\nForms steps from the synthetic agent-trace corpus and serves them over Arrow Flight\n(docs/flight.md). Prints {\"flight\": location, \"steps\": n} on stdout once serving.\n\n")
-		fs.PrintDefaults()
-	}
-	def := batcher.DefaultConfig()
+	fs := cli.NewFlagSet("floe corpus-serve", corpusServeUsage, stderr)
+	// The Flight, step and batcher settings are floe serve's, under its names; the corpus
+	// is a few groups, so two make a step.
+	cfg := sidecar.DefaultConfig()
+	cfg.GroupsPerStep = 2
+	cfg.RegisterFlags(fs, append(append([]string{}, sidecar.FlightFlags...), sidecar.StepFlags...)...)
+	cfg.Batcher.RegisterFlags(fs) // -token-budget is a number here: no GPU to size it to
 	kind := fs.String("corpus", "small", "corpus size: small (tests), cpu, medium or default (benchmark)")
 	groups := fs.Int("groups", 0, "GRPO groups (0: the corpus's own count)")
 	seed := fs.Int64("seed", 1, "corpus seed")
 	fold := fs.Int("fold-vocab", 0, "map every token id to id % N, for tiny test models (0: off)")
-	strategy := fs.String("strategy", string(def.Strategy), "per_request, prefix_merging or tree")
-	adv := fs.String("advantage", string(def.Advantage), "grpo, dr_grpo or rloo")
-	perStep := fs.Int("groups-per-step", 2, "groups per step")
-	dp := fs.Int("dp-size", 1, "data-parallel ranks")
-	budget := fs.Int("token-budget", def.TokenBudget, "rows per micro-batch, padding included")
-	pad := fs.Int("pad-multiple", def.PadMultiple, "pad each micro-batch to a multiple of this many rows")
-	ahead := fs.Int("steps-ahead", 2, "most uncommitted steps formed ahead of the trainer")
-	addr := fs.String("flight-addr", "127.0.0.1:8815", "Flight listen address; port 0 picks one; unix:/path for a Unix socket")
-	token := fs.String("flight-token", "", "require this bearer token on every Flight call")
 	dump := fs.String("dump-groups", "", "write the corpus as JSON to this file (for equivalence tests)")
-	calls := fs.String("calls", "", "serve these recorded calls (JSON lines, as floe proxy -record writes them) instead of the synthetic corpus: one group per task, sessions in order of appearance")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	calls := fs.String("calls", "", "serve these recorded calls (JSON lines, as floe proxy -record writes them) instead of the synthetic corpus: one group holding every session, in order of appearance")
+	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
 	var ccfg corpus.Config
@@ -68,21 +63,13 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *groups > 0 {
 		ccfg.Groups = *groups
 	}
-	cfg := def
-	var err error
-	if cfg.Strategy, err = batcher.ParseStrategy(*strategy); err != nil {
+	if err := cfg.Batcher.Validate(); err != nil {
 		return err
 	}
-	if cfg.Advantage, err = batcher.ParseAdvantage(*adv); err != nil {
-		return err
-	}
-	cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize = *budget, *pad, *dp
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if *perStep < 1 || *fold < 0 {
+	if cfg.GroupsPerStep < 1 || *fold < 0 {
 		return fmt.Errorf("groups-per-step must be at least 1 and fold-vocab not negative")
 	}
+	var err error
 	var data []trace.Group
 	if *calls != "" {
 		data, err = readCalls(*calls)
@@ -96,15 +83,15 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 		foldVocab(data, int32(*fold))
 	}
 	if *dump != "" {
-		if err := dumpGroups(*dump, data, cfg.Advantage); err != nil {
+		if err := dumpGroups(*dump, data, cfg.Batcher.Advantage); err != nil {
 			return err
 		}
 	}
 	// Form every step before announcing the server, so that a corpus the budget cannot
 	// hold fails here with the batcher's error rather than as a missing step later.
 	var steps []*batcher.Step
-	for i := 0; i < len(data); i += *perStep {
-		st, err := batcher.FormStep(int64(len(steps)), data[i:min(i+*perStep, len(data))], cfg)
+	for i := 0; i < len(data); i += cfg.GroupsPerStep {
+		st, err := batcher.FormStep(int64(len(steps)), data[i:min(i+cfg.GroupsPerStep, len(data))], cfg.Batcher)
 		if err != nil {
 			return err
 		}
@@ -112,18 +99,18 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	lis, err := arrowflight.Listen(*addr)
+	lis, err := arrowflight.Listen(cfg.FlightAddr)
 	if err != nil {
 		return fmt.Errorf("flight listen: %w", err)
 	}
-	ready := sidecar.NewReady(*ahead, 0)
+	ready := sidecar.NewReady(cfg.StepsAhead, 0)
 	defer ready.Shutdown()
 	ready.EndAt(int64(len(steps)))
 	mem := memory.NewGoAllocator()
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log, Ready: ready}, Token: *token, Mem: mem, Log: log}
+	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log, Ready: ready}, Token: cfg.FlightToken, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))
-	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Strategy)
+	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Batcher.Strategy)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(func(ctx context.Context) error { return sidecar.FeedSteps(ctx, ready, steps, mem, log) })

@@ -7,8 +7,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
+
+	"github.com/floe-rl/floe/internal/cli"
 )
 
 const usage = `usage: floe <command> [flags]
@@ -16,15 +17,6 @@ const usage = `usage: floe <command> [flags]
 commands:
   serve     run floe beside a trainer: proxy, durable trace store, step former and
             Flight service
-  bench     reconstruct, pack and encode a synthetic agent-trace corpus with every
-            strategy and print the comparison table
-  bench e2e replay agent sessions through floe against the reference inference server
-            and train on them once per strategy, recording a GPU/trainer timeline
-  bench report
-            write REPORT.md and plots from the runs floe bench e2e recorded
-  bench-proxy
-            measure the proxy's added latency and concurrent throughput against a
-            zero-latency fake inference server
   corpus-serve
             form steps from the synthetic corpus and serve them over Arrow Flight, for
             developing and testing a trainer against floe
@@ -32,7 +24,8 @@ commands:
             call (the proxy alone, without the training side)
   version   print the version
 
-Run 'floe <command> -h' for a command's flags.
+Run 'floe <command> -h' for a command's flags. The benchmarks are a binary of their own:
+floe-bench (go run ./cmd/floe-bench -h).
 `
 
 func main() {
@@ -50,23 +43,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		err = runServe(ctx, args[1:], stdout, stderr)
-	case "bench":
-		switch {
-		case len(args) > 1 && args[1] == "e2e":
-			err = runBenchE2E(ctx, args[2:], stdout, stderr)
-		case len(args) > 1 && args[1] == "report":
-			err = runBenchReport(ctx, args[2:], stdout, stderr)
-		default:
-			err = runBench(ctx, args[1:], stdout, stderr)
-		}
-	case "bench-proxy":
-		err = runBenchProxy(ctx, args[1:], stdout, stderr)
 	case "corpus-serve":
 		err = runCorpusServe(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		err = runProxy(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "floe", version())
+		fmt.Fprintln(stdout, "floe", cli.Version())
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:
@@ -78,11 +60,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

@@ -3,39 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
-	"path/filepath"
+	"os/exec"
 	"strings"
 	"testing"
 )
-
-func TestBenchPrintsTableAndWritesReports(t *testing.T) {
-	dir := t.TempDir()
-	report, stats := filepath.Join(dir, "REPORT.md"), filepath.Join(dir, "STATS.md")
-	var stdout, stderr bytes.Buffer
-	code := run(context.Background(), []string{"bench", "-groups", "2", "-repeats", "1", "-out", report, "-corpus-stats", stats}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
-	}
-	for _, s := range []string{"per_request", "prefix_merging", "tree"} {
-		if !strings.Contains(stdout.String(), "| "+s+" |") {
-			t.Errorf("table lacks %s:\n%s", s, stdout.String())
-		}
-	}
-	if !strings.Contains(stderr.String(), "generating corpus: 2 groups") {
-		t.Errorf("no progress on stderr: %q", stderr.String())
-	}
-	doc, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(doc), stdout.String()) || !strings.Contains(string(doc), "floe bench -seed 1 -groups 2") {
-		t.Errorf("report does not hold the printed table and the command:\n%s", doc)
-	}
-	if st, err := os.ReadFile(stats); err != nil || !strings.Contains(string(st), "sessions") {
-		t.Errorf("corpus stats: %v\n%s", err, st)
-	}
-}
 
 func TestUsageErrors(t *testing.T) {
 	tests := []struct {
@@ -45,14 +16,19 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{nil, 2, "usage: floe"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
-		{[]string{"bench", "-advantage", "ppo"}, 1, `unknown advantage "ppo"`},
-		{[]string{"bench", "-token-budget", "1000"}, 1, "multiple of the pad multiple"},
+		{[]string{"bench"}, 2, `unknown command "bench"`}, // floe-bench's now
+		{[]string{"bench-proxy"}, 2, `unknown command "bench-proxy"`},
+		{[]string{"corpus-serve", "-advantage", "ppo"}, 1, `unknown advantage "ppo"`},
+		{[]string{"corpus-serve", "-strategy", "bfs"}, 1, `invalid value "bfs" for flag -strategy: unknown strategy "bfs"`},
+		{[]string{"corpus-serve", "-token-budget", "1000"}, 1, "multiple of the pad multiple"},
+		{[]string{"corpus-serve", "-token-budget", "auto"}, 1, `invalid value "auto" for flag -token-budget`},
+		{[]string{"corpus-serve", "extra"}, 1, `unexpected arguments ["extra"]`},
+		{[]string{"serve", "-token-budget", "lots", "-data-dir", t.TempDir()}, 1, "-token-budget: a number of rows or auto"},
+		{[]string{"serve", "-data-dir", t.TempDir(), "extra"}, 1, "(flags only; see floe serve -h)"},
+		{[]string{"proxy", "-proxy-addr", "127.0.0.1:0", "extra"}, 1, `unexpected arguments ["extra"]`},
 		{[]string{"serve", "-engine", "tgi", "-data-dir", t.TempDir()}, 1, `unknown inference engine "tgi"`},
 		{[]string{"proxy", "-engine", "tgi"}, 1, `unknown inference engine "tgi"`},
 		{[]string{"serve", "-group-timeout", "-1s", "-data-dir", t.TempDir()}, 1, "group timeout -1s must not be negative"},
-		{[]string{"bench", "e2e", "-strategies", "tree,bfs"}, 1, `bfs`},
-		{[]string{"bench", "e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus "huge": small, cpu, medium or default`},
-		{[]string{"bench", "report"}, 1, "-dir"},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -71,5 +47,50 @@ func TestCorpusServeFailsBeforeAnnouncingAnUnpackableCorpus(t *testing.T) {
 	code := run(context.Background(), []string{"corpus-serve", "-token-budget", "512", "-pad-multiple", "16", "-flight-addr", "127.0.0.1:0"}, &stdout, &stderr)
 	if code != 1 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "longer than the token budget of 512 rows") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, nothing announced, the batcher's error", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestHelpDocumentsSharedFlags: the commands that take floe serve's settings take them
+// under its names, and their help lists them.
+func TestHelpDocumentsSharedFlags(t *testing.T) {
+	for cmd, flags := range map[string][]string{
+		"proxy": {"proxy-addr", "upstream", "engine", "model", "open-sessions", "record", "session", "max-body-bytes"},
+		"corpus-serve": {"flight-addr", "flight-token", "groups-per-step", "steps-ahead", "strategy", "advantage",
+			"token-budget", "pad-multiple", "dp-size", "corpus", "groups", "seed", "fold-vocab", "dump-groups", "calls"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), []string{cmd, "-h"}, &stdout, &stderr); code != 0 {
+			t.Fatalf("floe %s -h: exit %d: %s", cmd, code, stderr.String())
+		}
+		help := stderr.String()
+		if !strings.HasPrefix(help, "usage: floe "+cmd) {
+			t.Errorf("floe %s -h does not start with its usage:\n%s", cmd, help)
+		}
+		for _, f := range flags {
+			if !strings.Contains(help, "-"+f+" ") && !strings.Contains(help, "-"+f+"\n") {
+				t.Errorf("floe %s -h lacks -%s", cmd, f)
+			}
+		}
+	}
+}
+
+// TestFloeLinksNoBenchmarks: the product binary links none of the benchmarks (their
+// orchestration, the plotting libraries): those live in cmd/floe-bench.
+func TestFloeLinksNoBenchmarks(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool on PATH")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, banned := range []string{"gonum.org/", "github.com/floe-rl/floe/benchmarks/e2e", "github.com/floe-rl/floe/benchmarks/packbench",
+			"github.com/floe-rl/floe/benchmarks/proxybench"} {
+			if strings.HasPrefix(pkg, banned) {
+				t.Errorf("floe links %s", pkg)
+			}
+		}
 	}
 }

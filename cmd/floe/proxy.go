@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,38 +13,36 @@ import (
 	"sync"
 	"time"
 
+	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
+const proxyUsage = `usage: floe proxy [flags]
+
+Serves the provider APIs (Anthropic, OpenAI Chat and Responses, Gemini) in front of an
+inference server and records every call, with the session and control API under /floe/v1
+(docs/control.md). Prints {"proxy": address} on stdout once serving.
+
+`
+
 // runProxy serves the proxy alone, recording calls in memory and appending each, as one
 // JSON line, to a file: for harness and SDK tests, and for trying floe's translation
 // against an inference server without the training side.
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("floe proxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: floe proxy [flags]\n\nServes the provider APIs (Anthropic, OpenAI Chat and Responses, Gemini) in front of an\ninference server and records every call, with the session and control API under /floe/v1\n(docs/control.md). Prints {\"proxy\": address} on stdout once serving.\n\n")
-		fs.PrintDefaults()
-	}
-	addr := fs.String("proxy-addr", "127.0.0.1:8700", "listen address; port 0 picks one")
-	upstream := fs.String("upstream", "http://127.0.0.1:8000", "inference server base URL")
-	engine := fs.String("engine", "vllm", "inference engine: vllm or sglang")
-	model := fs.String("model", "", "served model name sent upstream (default: the first the upstream lists)")
-	open := fs.Bool("open-sessions", false, "let a call with an unknown key create its session")
+	fs := cli.NewFlagSet("floe proxy", proxyUsage, stderr)
+	cfg := sidecar.DefaultConfig()
+	cfg.RegisterFlags(fs, sidecar.ProxyFlags...)
 	record := fs.String("record", "", "append every recorded call to this file as a JSON line (fsynced before the answer ends)")
 	var sessions multiFlag
 	fs.Var(&sessions, "session", "KEY=SESSION: accept API key KEY for SESSION (repeatable)")
 	maxBody := fs.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "largest request body accepted")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	eng, err := proxy.NewEngine(*engine, *upstream, *model)
+	eng, err := proxy.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
 	if err != nil {
 		return fmt.Errorf("-engine: %w", err)
 	}
@@ -71,16 +67,16 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	gate := &proxy.Gate{}
 	srv := &proxy.Server{
 		Dialects: proxy.DefaultDialects(), Engine: eng,
-		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: *open, MaxBodyBytes: *maxBody, Log: log,
+		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
 	}
-	lis, err := net.Listen("tcp", *addr)
+	lis, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
 	}
 	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String()}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
-	log.Info("proxy serving", "addr", lis.Addr().String(), "upstream", *upstream)
+	log.Info("proxy serving", "addr", lis.Addr().String(), "upstream", cfg.Upstream)
 	hs := &http.Server{Handler: control.Handler(srv), ReadHeaderTimeout: 30 * time.Second}
 	return sidecar.ServeHTTP(ctx, hs, lis)
 }

@@ -61,6 +61,8 @@ func TestServeConfigFileRefusesUnknownKeys(t *testing.T) {
 		"kebab":    "token-budget: auto\n",
 		"nested":   "token_budget:\n  max: 4096\n",
 		"bad":      "group_size: many\n",
+		"strategy": "strategy: bfs\n",
+		"budget":   "token_budget: lots\n",
 		"notamap":  "- a\n- b\n",
 		"twice":    "group_size: 2\ngroup_size: 3\n",
 		"selfnest": "config: other.yaml\n",

@@ -1,4 +1,4 @@
-"""``floe bench e2e`` end to end, reduced: the synthetic small corpus (2 groups of 4
+"""``floe-bench e2e`` end to end, reduced: the synthetic small corpus (2 groups of 4
 sessions) replayed through a floe the command starts, against the reference inference
 server in script mode, then trained once per strategy by
 the example trainer on CPU; the report is written from the recorded runs.
@@ -24,15 +24,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(400)
 def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
-    floe = tmp_path / "floe"
-    subprocess.run(["go", "build", "-o", str(floe), "./cmd/floe"], cwd=ROOT, check=True, timeout=300)
+    floe = tmp_path / "floe-bench"
+    subprocess.run(["go", "build", "-o", str(floe), "./cmd/floe-bench"], cwd=ROOT, check=True, timeout=300)
     out = tmp_path / "results"
     r = subprocess.run(
-        [str(floe), "bench", "e2e", "-name", "e2e-test", "-out", str(out), "-groups", "2", "-groups-per-step", "1",
+        [str(floe), "e2e", "-name", "e2e-test", "-out", str(out), "-groups", "2", "-groups-per-step", "1",
          "-strategies", "per_request,prefix_merging,tree", "-python", sys.executable, "-token-budget", "2048"],
         cwd=ROOT, capture_output=True, text=True, timeout=380,
     )
-    assert r.returncode == 0, f"floe bench e2e failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    assert r.returncode == 0, f"floe-bench e2e failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
     assert "replay: " in r.stderr and "tree: step 1" in r.stderr  # progress while it runs
 
     runs = {s: json.loads((out / "runs" / f"{s}.json").read_text()) for s in ("per_request", "prefix_merging", "tree")}
@@ -59,7 +59,7 @@ def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
     rows_pr = sum(s["rows"] for s in pr["steps"])
     rows_tree = sum(s["rows"] for s in tree["steps"])
     assert f"{rows_pr / rows_tree:.2f}x" in report  # the rows ratio, as recorded
-    assert "floe bench e2e -name e2e-test" in report
+    assert "floe-bench e2e -name e2e-test" in report
     assert "Same samples: every strategy trained per_request's loss tokens" in report
     for png in ("step_seconds.png", "rows_per_step.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,34 +13,30 @@ import (
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/packbench"
+	"github.com/floe-rl/floe/internal/cli"
 )
 
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("floe bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	def := batcher.DefaultConfig()
+const packUsage = usage + `
+The packing benchmark's flags (floe-bench [flags]):
+
+`
+
+// runPack is the packing benchmark: every strategy reconstructs, packs and encodes one
+// synthetic corpus; the table compares rows, fill, balance and throughput on one core.
+func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("floe-bench", packUsage, stderr)
+	cfg := batcher.DefaultConfig()
+	cfg.DPSize = 8 // a node's worth of ranks, where balancing shows
 	seed := fs.Int64("seed", 1, "corpus seed")
 	groups := fs.Int("groups", corpus.Default().Groups, "GRPO groups in the corpus")
 	perStep := fs.Int("groups-per-step", 0, "groups per step (0: the whole corpus is one step)")
-	budget := fs.Int("token-budget", def.TokenBudget, "rows per micro-batch, padding included")
-	pad := fs.Int("pad-multiple", def.PadMultiple, "pad each micro-batch to a multiple of this many rows")
-	dp := fs.Int("dp-size", 8, "data-parallel ranks")
-	adv := fs.String("advantage", string(def.Advantage), "grpo, dr_grpo or rloo")
+	cfg.RegisterFlags(fs, batcher.FlagTokenBudget, batcher.FlagPadMultiple, batcher.FlagDPSize, batcher.FlagAdvantage)
 	repeats := fs.Int("repeats", 3, "timed passes per strategy; the fastest counts")
 	statsOut := fs.String("corpus-stats", "", "also write the corpus statistics (Markdown) to this file")
 	out := fs.String("out", "", "also write the report (Markdown) to this file")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	kind, err := batcher.ParseAdvantage(*adv)
-	if err != nil {
-		return err
-	}
-	cfg := def
-	cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize, cfg.Advantage = *budget, *pad, *dp, kind
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -68,8 +62,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	table := rep.Table()
 	fmt.Fprint(stdout, table)
 	if *out != "" {
-		cmd := fmt.Sprintf("floe bench -seed %d -groups %d -groups-per-step %d -token-budget %d -pad-multiple %d -dp-size %d -advantage %s -repeats %d",
-			*seed, *groups, *perStep, *budget, *pad, *dp, *adv, *repeats)
+		cmd := fmt.Sprintf("floe-bench -seed %d -groups %d -groups-per-step %d -token-budget %d -pad-multiple %d -dp-size %d -advantage %s -repeats %d",
+			*seed, *groups, *perStep, cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize, cfg.Advantage, *repeats)
 		doc := fmt.Sprintf("# Reconstruction and packing benchmark\n\nCommand: `%s` (`make bench-report`)\n\nMachine: %s\n\n%s\n## Corpus\n\n%s",
 			cmd, machine(), table, cstats.Markdown())
 		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,11 +23,12 @@ import (
 	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/e2e"
 	"github.com/floe-rl/floe/gpu"
+	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
-const benchE2EUsage = `usage: floe bench e2e [flags]
+const e2eUsage = `usage: floe-bench e2e [flags]
 
 Replays agent sessions (the synthetic corpus, or the sessions recorded in a floe data dir)
 through floe's proxy against the reference inference server in script mode, so every
@@ -37,36 +37,38 @@ on the recorded calls with a trainer on floe_bridge (examples/train_grpo.py) whi
 serves the steps, and records a timeline: floe's step formation, the trainer's step and
 data-wait times from its reports, and NVML GPU utilization and memory at 10 Hz where a GPU
 exists. Every strategy trains the same recorded calls. Writes <out>/runs/<strategy>.json
-and <out>/REPORT.md with plots (floe bench report).
+and <out>/REPORT.md with plots (floe-bench report).
 
 `
 
-// benchE2E is floe bench e2e's configuration.
+// benchE2E is floe-bench e2e's configuration.
 type benchE2E struct {
-	name, out, work      string
-	corpus, dataDir      string
-	groups               int
-	seed                 int64
-	strategies           []batcher.Strategy
-	python, trainer      string
-	trainerArgs          []string
-	device               string
-	vocab                int
-	budget, perStep, pad int
-	maxModelLen          int
-	concurrency          int
-	runTimeout           time.Duration
-	keep                 bool
-	command              string
-	stderr               io.Writer
-	calls, sessions      int
+	name, out, work string
+	corpus, dataDir string
+	groups          int
+	seed            int64
+	strategies      []batcher.Strategy
+	python, trainer string
+	trainerArgs     []string
+	device          string
+	vocab           int
+	// floe is the configuration every strategy's floe serve starts from: the flags set
+	// its token budget, pad multiple and groups per step.
+	floe            sidecar.Config
+	maxModelLen     int
+	concurrency     int
+	runTimeout      time.Duration
+	keep            bool
+	command         string
+	stderr          io.Writer
+	calls, sessions int
 }
 
-func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("floe bench e2e", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, benchE2EUsage); fs.PrintDefaults() }
-	b := benchE2E{stderr: stderr, command: "floe bench e2e " + strings.Join(args, " ")}
+func runE2E(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := cli.NewFlagSet("floe-bench e2e", e2eUsage, stderr)
+	b := benchE2E{stderr: stderr, command: "floe-bench e2e " + strings.Join(args, " "), floe: sidecar.DefaultConfig()}
+	// Sized for the tiny reference model on a CPU; one trainer process, so one rank.
+	b.floe.Batcher.TokenBudget, b.floe.Batcher.PadMultiple, b.floe.GroupsPerStep = 4096, 64, 2
 	fs.StringVar(&b.name, "name", "e2e-cpu", "benchmark name: the results folder under benchmarks/results")
 	fs.StringVar(&b.out, "out", "", "results folder (default: benchmarks/results/<name>)")
 	fs.StringVar(&b.corpus, "corpus", "small", "synthetic corpus to replay: small (tests), cpu (CPU runs), medium (GPU runs) or default")
@@ -74,27 +76,20 @@ func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&b.groups, "groups", 8, "GRPO groups of the synthetic corpus (0: the corpus's own count)")
 	fs.Int64Var(&b.seed, "seed", 1, "synthetic corpus seed")
 	strategies := fs.String("strategies", "per_request,prefix_merging,tree", "strategies to run, comma-separated")
-	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge and torch installed")
+	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_bridge, floe_refserver and torch installed")
 	fs.StringVar(&b.trainer, "trainer", "trainer-bridge/examples/train_grpo.py", "trainer script (floe_bridge's example trainer's flags)")
 	trainerArgs := fs.String("trainer-args", "--preset refserver",
 		"more trainer flags: --preset refserver trains the reference server's own model (rollout log-probs match at step 0); on a GPU e.g. --preset qwen2.5-0.5b --dtype bfloat16 --attn flex")
 	fs.StringVar(&b.device, "device", "cpu", "the trainer's torch device: cpu or cuda")
 	fs.IntVar(&b.vocab, "vocab", 8192, "trainer vocabulary (at least the reference tokenizer's; a --preset in -trainer-args may set it)")
-	fs.IntVar(&b.budget, "token-budget", 4096, "rows per micro-batch")
-	fs.IntVar(&b.perStep, "groups-per-step", 2, "groups per training step")
-	fs.IntVar(&b.pad, "pad-multiple", 64, "pad each micro-batch to a multiple of this many rows")
+	b.floe.Batcher.RegisterFlags(fs, batcher.FlagTokenBudget, batcher.FlagPadMultiple)
+	b.floe.RegisterFlags(fs, "groups-per-step")
 	fs.IntVar(&b.maxModelLen, "max-model-len", 8192, "the reference server's context length")
 	fs.IntVar(&b.concurrency, "concurrency", 8, "sessions replayed at once")
 	fs.DurationVar(&b.runTimeout, "run-timeout", 30*time.Minute, "longest a strategy's training may take")
 	fs.BoolVar(&b.keep, "keep", false, "keep the work folder (data dirs and logs)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if ok, err := cli.Parse(fs, args); !ok {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	for _, s := range strings.Split(*strategies, ",") {
 		st, err := batcher.ParseStrategy(strings.TrimSpace(s))
@@ -107,8 +102,11 @@ func runBenchE2E(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if b.out == "" {
 		b.out = filepath.Join("benchmarks", "results", b.name)
 	}
-	if b.perStep < 1 || b.budget < 1 || b.concurrency < 1 {
-		return errors.New("-groups-per-step, -token-budget and -concurrency must be at least 1")
+	if b.floe.GroupsPerStep < 1 || b.concurrency < 1 {
+		return errors.New("-groups-per-step and -concurrency must be at least 1")
+	}
+	if err := b.floe.Batcher.Validate(); err != nil {
+		return err
 	}
 	if _, err := os.Stat(b.trainer); err != nil {
 		return fmt.Errorf("-trainer: %w (run from the repository root)", err)
@@ -158,9 +156,9 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	go func() { defer close(monDone); _ = mon.Run(mctx) }() // ends with mctx
 	defer func() { stopMon(); <-monDone }()
 	setup := e2e.Setup{Machine: e2eMachine(mon), Device: b.device, Model: b.modelDesc(), Corpus: corpusDesc, Seed: b.seed,
-		Command: b.command, Calls: b.calls, Sessions: b.sessions, TokenBudget: b.budget, DPSize: 1}
+		Command: b.command, Calls: b.calls, Sessions: b.sessions, TokenBudget: b.floe.Batcher.TokenBudget, DPSize: b.floe.Batcher.DPSize}
 	// The folder holds this run's strategies only: a run left from an earlier invocation
-	// would mix into floe bench report's comparison.
+	// would mix into floe-bench report's comparison.
 	runsDir := filepath.Join(b.out, "runs")
 	if err := os.MkdirAll(runsDir, 0o755); err != nil {
 		return err
@@ -271,17 +269,16 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	if err := copyDir(recorded, dir); err != nil {
 		return e2e.Run{}, err
 	}
-	cfg := sidecar.DefaultConfig()
+	cfg := b.floe
 	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream = "http://127.0.0.1:1" // no call is made: the groups are recorded
-	cfg.Batcher.Strategy, cfg.Batcher.TokenBudget, cfg.Batcher.PadMultiple = st, b.budget, b.pad
-	cfg.GroupsPerStep, cfg.MinGroupSize = b.perStep, 1
-	steps, err := formableSteps(dir, cfg)
+	cfg.Batcher.Strategy, cfg.MinGroupSize = st, 1
+	steps, err := plannedSteps(dir, cfg)
 	if err != nil {
 		return e2e.Run{}, err
 	}
 	if steps == 0 {
-		return e2e.Run{}, fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", b.perStep)
+		return e2e.Run{}, fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", cfg.GroupsPerStep)
 	}
 	rec := e2e.NewRecorder(time.Now(), mon)
 	cfg.GPU, cfg.Observer = b.lib(), rec
@@ -320,8 +317,9 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	return run, nil
 }
 
-// formableSteps counts the steps floe with cfg will form from the data dir's groups.
-func formableSteps(dir string, cfg sidecar.Config) (int, error) {
+// plannedSteps counts the steps floe with cfg will form from the data dir's groups, as
+// its step planner decides them.
+func plannedSteps(dir string, cfg sidecar.Config) (int, error) {
 	st, err := bolt.New(dir, bolt.Options{ReadOnly: true})
 	if err != nil {
 		return 0, err
@@ -415,7 +413,7 @@ type refServer struct {
 }
 
 func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
-	args := []string{"-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}
+	args := []string{"-m", "floe_refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}
 	cmd := exec.Command(b.python, args...)
 	// Its own process group, so that stopping it stops anything it started too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

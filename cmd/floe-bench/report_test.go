@@ -13,13 +13,13 @@ import (
 	"github.com/floe-rl/floe/benchmarks/e2e"
 )
 
-func TestBenchReportWritesReportAndSummaries(t *testing.T) {
+func TestReportWritesReportAndSummaries(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "runs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	setup := e2e.Setup{Machine: "test", Device: "cpu", Model: "tiny", Corpus: "synthetic", Seed: 3,
-		Command: "floe bench e2e -out " + dir, Calls: 10, Sessions: 2, TokenBudget: 4096, DPSize: 1}
+		Command: "floe-bench e2e -out " + dir, Calls: 10, Sessions: 2, TokenBudget: 4096, DPSize: 1}
 	for i, r := range []struct {
 		strategy string
 		rows     int64
@@ -38,8 +38,8 @@ func TestBenchReportWritesReportAndSummaries(t *testing.T) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	if err := runBenchReport(context.Background(), []string{"-dir", dir}, &stdout, &stderr); err != nil {
-		t.Fatalf("runBenchReport: %v\nstderr: %s", err, stderr.String())
+	if err := runReport(context.Background(), []string{"-dir", dir}, &stdout, &stderr); err != nil {
+		t.Fatalf("runReport: %v\nstderr: %s", err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	report := filepath.Join(dir, "REPORT.md")
@@ -59,7 +59,7 @@ func TestBenchReportWritesReportAndSummaries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(doc), "# End-to-end benchmark: e2e-cmd") || !strings.Contains(string(doc), "floe bench e2e -out "+dir) {
+	if !strings.Contains(string(doc), "# End-to-end benchmark: e2e-cmd") || !strings.Contains(string(doc), "floe-bench e2e -out "+dir) {
 		t.Errorf("REPORT.md lacks the name or the command:\n%s", doc)
 	}
 	for _, name := range []string{"step_seconds.png", "rows_per_step.png"} {
@@ -78,7 +78,7 @@ func TestBenchReportWritesReportAndSummaries(t *testing.T) {
 	}
 }
 
-func TestBenchReportErrors(t *testing.T) {
+func TestReportErrors(t *testing.T) {
 	empty := t.TempDir()
 	for _, tt := range []struct {
 		args []string
@@ -90,9 +90,9 @@ func TestBenchReportErrors(t *testing.T) {
 		{[]string{"-nope"}, "flag provided but not defined"},
 	} {
 		var stdout, stderr bytes.Buffer
-		err := runBenchReport(context.Background(), tt.args, &stdout, &stderr)
+		err := runReport(context.Background(), tt.args, &stdout, &stderr)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("runBenchReport(%q) = %v, want an error mentioning %q", tt.args, err, tt.want)
+			t.Errorf("runReport(%q) = %v, want an error mentioning %q", tt.args, err, tt.want)
 		}
 	}
 }

@@ -1,0 +1,155 @@
+package sidecar
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+
+	"github.com/floe-rl/floe/batcher"
+)
+
+// Flag groups for commands that take part of floe serve's settings. Each command takes a
+// setting under the same name, help and meaning as floe serve, so one definition (here)
+// serves them all.
+var (
+	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
+	ProxyFlags = []string{"proxy-addr", "upstream", "engine", "model", "open-sessions"}
+	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
+	FlightFlags = []string{"flight-addr", "flight-token"}
+	// StepFlags say how many groups make a step and how far ahead steps are formed.
+	StepFlags = []string{"groups-per-step", "steps-ahead"}
+)
+
+// serveFlags defines every flag of floe serve, each bound to its Config field. The
+// batcher's flags come from batcher.Config.RegisterFlags, except -token-budget, which here
+// also takes auto.
+var serveFlags = []struct {
+	name   string
+	define func(c *Config, fs *flag.FlagSet, name string)
+}{
+	{"proxy-addr", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.ProxyAddr, n, c.ProxyAddr, "proxy and control API address; port 0 picks one")
+	}},
+	{"flight-addr", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.FlightAddr, n, c.FlightAddr, "Flight address; port 0 picks one; unix:/path for a Unix socket")
+	}},
+	{"upstream", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.Upstream, n, c.Upstream, "inference server base URL")
+	}},
+	{"engine", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.Engine, n, c.Engine, "inference engine: vllm or sglang")
+	}},
+	{"model", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.Model, n, c.Model, "served model name sent upstream (default: the first the upstream lists)")
+	}},
+	{"data-dir", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.DataDir, n, c.DataDir, "where the durable trace store lives")
+	}},
+	{batcher.FlagStrategy, registerBatcherFlag},
+	{batcher.FlagAdvantage, registerBatcherFlag},
+	{"group-size", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.GroupSize, n, c.GroupSize, "sessions that complete a group whose session did not give group_size")
+	}},
+	{"min-group-size", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.MinGroupSize, n, c.MinGroupSize, "a complete group with fewer usable sessions is dropped")
+	}},
+	{"groups-per-step", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.GroupsPerStep, n, c.GroupsPerStep, "complete groups per step")
+	}},
+	{"steps-ahead", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.StepsAhead, n, c.StepsAhead, "most uncommitted steps formed ahead of the trainer")
+	}},
+	{batcher.FlagDPSize, registerBatcherFlag},
+	{batcher.FlagTokenBudget, func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Var(&budgetValue{c}, n,
+			"rows per micro-batch, padding included; auto: sized to the trainer GPU's memory between -token-budget-min and -token-budget-max")
+	}},
+	{"token-budget-min", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.TokenBudgetMin, n, c.TokenBudgetMin, "with -token-budget auto: the smallest budget, and the first")
+	}},
+	{"token-budget-max", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.TokenBudgetMax, n, c.TokenBudgetMax, "with -token-budget auto: the largest budget")
+	}},
+	{"memory-target", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Float64Var(&c.MemoryTarget, n, c.MemoryTarget,
+			"with -token-budget auto: the fraction of device memory the predicted peak stays under")
+	}},
+	{"gpu-memory", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Uint64Var(&c.GPUMemoryBytes, n, c.GPUMemoryBytes,
+			"with -token-budget auto: the trainer device's memory in bytes, when floe cannot see the GPU through NVML (0: NVML's)")
+	}},
+	{batcher.FlagPadMultiple, registerBatcherFlag},
+	{"flight-token", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.FlightToken, n, c.FlightToken, "require this bearer token on every Flight call")
+	}},
+	{"open-sessions", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.BoolVar(&c.OpenSessions, n, c.OpenSessions, "let a call with an unknown key create its session")
+	}},
+	{"drop-failed", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.BoolVar(&c.DropFailed, n, c.DropFailed,
+			"drop failed and timed-out sessions from their group (default: keep them, training none of their tokens)")
+	}},
+	{"group-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.GroupTimeout, n, c.GroupTimeout,
+			"end a group this long after its first session started: it closes, its running sessions finish as timeout with reward 0 (0: never; set it above your longest rollout)")
+	}},
+	{"max-staleness", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Int64Var(&c.MaxStaleness, n, c.MaxStaleness,
+			"train on a call only if its policy version lags the current one (the last resume) by at most this many versions; older calls are counted and kept as context (-1: no limit)")
+	}},
+}
+
+func registerBatcherFlag(c *Config, fs *flag.FlagSet, name string) { c.Batcher.RegisterFlags(fs, name) }
+
+// RegisterFlags defines the named flags of floe serve (all of them when none is named) on
+// fs, bound to c's fields, with c's current values as their defaults: a command sets its
+// own defaults on c first. -token-budget takes a number of rows or auto (TokenBudgetAuto).
+// Naming an unknown flag is a programming error and panics, as defining one twice does.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, names ...string) {
+	if len(names) == 0 {
+		for _, f := range serveFlags {
+			f.define(c, fs, f.name)
+		}
+		return
+	}
+	for _, name := range names {
+		found := false
+		for _, f := range serveFlags {
+			if f.name == name {
+				f.define(c, fs, name)
+				found = true
+				break
+			}
+		}
+		if !found {
+			panic(fmt.Sprintf("sidecar.RegisterFlags: floe serve has no flag %q", name))
+		}
+	}
+}
+
+// budgetValue is -token-budget as floe serve takes it: a number of rows, or auto.
+type budgetValue struct{ c *Config }
+
+func (v *budgetValue) String() string {
+	switch {
+	case v.c == nil: // the flag package's zero value, for help
+		return ""
+	case v.c.TokenBudgetAuto:
+		return "auto"
+	}
+	return strconv.Itoa(v.c.Batcher.TokenBudget)
+}
+
+func (v *budgetValue) Set(s string) error {
+	if s == "auto" {
+		v.c.TokenBudgetAuto = true
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("a number of rows or auto")
+	}
+	v.c.TokenBudgetAuto, v.c.Batcher.TokenBudget = false, n
+	return nil
+}
