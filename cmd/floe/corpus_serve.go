@@ -18,6 +18,7 @@ import (
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/jsonl"
 )
 
 const corpusServeUsage = `usage: floe corpus-serve [flags]
@@ -72,7 +73,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	var err error
 	var data []trace.Group
 	if *calls != "" {
-		data, err = readCalls(*calls)
+		data, err = jsonl.ReadGroups(*calls)
 	} else {
 		data, err = corpus.Generate(ccfg, *seed)
 	}
@@ -137,23 +138,13 @@ func foldVocab(groups []trace.Group, n int32) {
 	}
 }
 
-// dumpGroups writes the corpus with each session's advantage as the batcher computes it.
+// dumpGroups writes the corpus, calls in the recorded-call wire format (docs/trace.md),
+// with each session's advantage as the batcher computes it: the reference the bridge's
+// tests check floe's steps against.
 func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error {
-	type callJSON struct {
-		Index         int       `json:"index"`
-		Choice        int       `json:"choice"`
-		PromptIDs     []int32   `json:"prompt_ids"`
-		ResponseIDs   []int32   `json:"response_ids"`
-		Logprobs      []float32 `json:"logprobs"`
-		Trainable     bool      `json:"trainable"`
-		PolicyVersion int64     `json:"policy_version"`
-	}
 	type sessionJSON struct {
-		ID        string     `json:"id"`
-		Reward    float64    `json:"reward"`
-		Status    string     `json:"status"`
-		Advantage float32    `json:"advantage"`
-		Calls     []callJSON `json:"calls"`
+		trace.Session
+		Advantage float32 `json:"advantage"`
 	}
 	type groupJSON struct {
 		ID       string        `json:"id"`
@@ -169,12 +160,10 @@ func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error
 		advs := batcher.Advantages(kind, rewards)
 		gj := groupJSON{ID: g.ID, TaskID: g.TaskID}
 		for i, s := range g.Sessions {
-			sj := sessionJSON{ID: s.ID, Reward: s.Reward, Status: string(s.Status), Advantage: float32(advs[i]), Calls: []callJSON{}}
-			for _, c := range s.Calls {
-				sj.Calls = append(sj.Calls, callJSON{Index: c.Index, Choice: c.Choice, PromptIDs: c.PromptIDs,
-					ResponseIDs: c.ResponseIDs, Logprobs: c.Logprobs, Trainable: c.Trainable, PolicyVersion: c.PolicyVersion})
+			if s.Calls == nil {
+				s.Calls = []trace.Call{}
 			}
-			gj.Sessions = append(gj.Sessions, sj)
+			gj.Sessions = append(gj.Sessions, sessionJSON{Session: s, Advantage: float32(advs[i])})
 		}
 		out = append(out, gj)
 	}
@@ -186,36 +175,4 @@ func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error
 		return fmt.Errorf("dump groups: %w", err)
 	}
 	return nil
-}
-
-// readCalls groups recorded calls into one session per session id and one group of all
-// sessions, in order of appearance.
-func readCalls(path string) ([]trace.Group, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	g := trace.Group{ID: "recorded", TaskID: "recorded"}
-	index := map[string]int{}
-	dec := json.NewDecoder(f)
-	for n := 1; ; n++ {
-		var c trace.Call
-		if err := dec.Decode(&c); err == io.EOF {
-			break
-		} else if err != nil {
-			return nil, fmt.Errorf("%s: call %d: %w", path, n, err)
-		}
-		i, ok := index[c.SessionID]
-		if !ok {
-			i = len(g.Sessions)
-			index[c.SessionID] = i
-			g.Sessions = append(g.Sessions, trace.Session{ID: c.SessionID, GroupID: g.ID, TaskID: g.TaskID, Status: trace.StatusCompleted})
-		}
-		g.Sessions[i].Calls = append(g.Sessions[i].Calls, c)
-	}
-	if len(g.Sessions) == 0 {
-		return nil, fmt.Errorf("%s holds no calls", path)
-	}
-	return []trace.Group{g}, nil
 }

@@ -8,15 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/jsonl"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -57,12 +56,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	var rec trace.CallRecorder = store
 	if *record != "" {
-		f, err := os.OpenFile(*record, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		file, err := jsonl.NewRecorder(*record)
 		if err != nil {
 			return fmt.Errorf("record file: %w", err)
 		}
-		defer f.Close()
-		rec = &fileRecorder{next: store, f: f}
+		defer file.Close()
+		rec = teeRecorder{store, file}
 	}
 	gate := &proxy.Gate{}
 	srv := &proxy.Server{
@@ -86,26 +85,19 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-// fileRecorder records into next, then appends the call to f and syncs it, so a call is
-// on disk before its answer ends.
-type fileRecorder struct {
-	next trace.CallRecorder
-	mu   sync.Mutex
-	f    *os.File
+// teeRecorder records a call in memory (which knows the sessions, and refuses a call
+// of an unknown or finished one) and then in the recorded-calls file, durably, before the
+// answer ends. On a fresh file both give a call the same index; after a restart on an
+// existing file the file's indexes go on while memory, which knows no session from
+// before, starts anew.
+type teeRecorder struct {
+	mem  trace.CallRecorder
+	file *jsonl.Recorder
 }
 
-func (r *fileRecorder) Record(ctx context.Context, c *trace.Call) error {
-	if err := r.next.Record(ctx, c); err != nil {
+func (t teeRecorder) Record(ctx context.Context, c *trace.Call) error {
+	if err := t.mem.Record(ctx, c); err != nil {
 		return err
 	}
-	b, err := json.Marshal(c)
-	if err != nil {
-		return fmt.Errorf("encoding call: %w", err)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, err := r.f.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("writing call: %w", err)
-	}
-	return r.f.Sync()
+	return t.file.Record(ctx, c)
 }
