@@ -304,7 +304,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	stream := sink.stream
 	defer sink.Flush()
 	switch {
-	case errors.Is(err, errCallerGone) || ctx.Err() != nil:
+	case errors.Is(err, ErrCallerGone) || ctx.Err() != nil:
 		// Record what was generated: the tokens were sampled, but the harness never saw
 		// the whole answer, so they are not trained on.
 		if res != nil {

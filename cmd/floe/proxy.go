@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
@@ -46,7 +47,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return err
 	}
-	eng, err := proxy.NewEngine(*engine, *upstream, *model)
+	eng, err := providers.NewEngine(*engine, *upstream, *model)
 	if err != nil {
 		return fmt.Errorf("-engine: %w", err)
 	}
@@ -70,7 +71,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	gate := &proxy.Gate{}
 	srv := &proxy.Server{
-		Dialects: proxy.DefaultDialects(), Engine: eng,
+		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: *open, MaxBodyBytes: *maxBody, Log: log,
 	}
 	lis, err := net.Listen("tcp", *addr)

@@ -1,4 +1,6 @@
-package proxy
+// Package gemini is the Google Gemini dialect of the proxy (…:generateContent,
+// …:streamGenerateContent, …:countTokens, GET /v1beta/models).
+package gemini
 
 // Gemini dialect: Google's Generative Language API (v1beta) as Gemini CLI and the
 // @google/genai SDK speak it.
@@ -60,14 +62,16 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+
+	"github.com/floe-rl/floe/proxy"
 )
 
 // Gemini is the Google Gemini API dialect.
-type Gemini struct{}
+type Dialect struct{}
 
 var (
-	_ Dialect      = Gemini{}
-	_ TokenCounter = Gemini{}
+	_ proxy.Dialect      = Dialect{}
+	_ proxy.TokenCounter = Dialect{}
 )
 
 // Gemini API methods floe serves.
@@ -84,7 +88,7 @@ type gemState struct {
 }
 
 // Name implements Dialect.
-func (Gemini) Name() string { return "gemini" }
+func (Dialect) Name() string { return "gemini" }
 
 // ---- wire types ----
 
@@ -199,16 +203,16 @@ type gemErrorDetail struct {
 // ---- Decode ----
 
 // Decode implements Dialect.
-func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
+func (Dialect) Decode(r *http.Request, body []byte) (*proxy.Request, error) {
 	if r == nil || r.URL == nil {
-		return nil, invalidRequest("path: the request has no URL")
+		return nil, proxy.InvalidRequest("path: the request has no URL")
 	}
 	model, method, perr := gemParsePath(r.URL.Path)
 	if perr != nil {
 		return nil, perr
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, invalidRequest("contents: the request body is empty")
+		return nil, proxy.InvalidRequest("contents: the request body is empty")
 	}
 	norm, err := gemCamelize(body)
 	if err != nil {
@@ -229,7 +233,7 @@ func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
 	}
 	chat.Model = model
 	chat.Stream = method == gemMethodStream
-	return &Request{
+	return &proxy.Request{
 		Chat:   chat,
 		Model:  model,
 		Stream: chat.Stream,
@@ -238,9 +242,9 @@ func (Gemini) Decode(r *http.Request, body []byte) (*Request, error) {
 }
 
 // gemParsePath splits ".../models/{model}:{method}" into its model and method.
-func gemParsePath(p string) (model, method string, err *Error) {
-	bad := func(why string) (string, string, *Error) {
-		return "", "", invalidRequest("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
+func gemParsePath(p string) (model, method string, err *proxy.Error) {
+	bad := func(why string) (string, string, *proxy.Error) {
+		return "", "", proxy.InvalidRequest("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
 	}
 	colon := strings.LastIndexByte(p, ':')
 	if colon < 0 || colon < strings.LastIndexByte(p, '/') {
@@ -272,19 +276,19 @@ func gemParsePath(p string) (model, method string, err *Error) {
 }
 
 // gemJSONError turns a JSON decoding error into a 400 naming the field.
-func gemJSONError(err error) *Error {
+func gemJSONError(err error) *proxy.Error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case errors.As(err, &te):
 		if te.Field == "" {
-			return invalidRequest("request body: expected a JSON object, got %s", te.Value)
+			return proxy.InvalidRequest("request body: expected a JSON object, got %s", te.Value)
 		}
-		return invalidRequest("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
+		return proxy.InvalidRequest("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
 	case errors.As(err, &se):
-		return invalidRequest("request body: invalid JSON at byte %d: %v", se.Offset, se)
+		return proxy.InvalidRequest("request body: invalid JSON at byte %d: %v", se.Offset, se)
 	default:
-		return invalidRequest("request body: invalid JSON: %v", err)
+		return proxy.InvalidRequest("request body: invalid JSON: %v", err)
 	}
 }
 
@@ -418,14 +422,14 @@ type gemPendingCall struct {
 	answered bool
 }
 
-func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
-	var chat ChatRequest
+func gemToChat(gr *gemRequest, at string) (proxy.ChatRequest, bool, *proxy.Error) {
+	var chat proxy.ChatRequest
 	if len(gr.Contents) == 0 {
-		return chat, false, invalidRequest("%scontents: required and must not be empty", at)
+		return chat, false, proxy.InvalidRequest("%scontents: required and must not be empty", at)
 	}
 	if si := gr.SystemInstruction; si != nil {
 		if text := gemJoinText(si.Parts, "\n"); text != "" {
-			chat.Messages = append(chat.Messages, ChatMessage{Role: "system", Content: text})
+			chat.Messages = append(chat.Messages, proxy.ChatMessage{Role: "system", Content: text})
 		}
 	}
 	var pending []gemPendingCall
@@ -442,7 +446,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 		case "user", "", "function", "tool":
 			chat.Messages = append(chat.Messages, gemUserMessages(c, i, pending)...)
 		default:
-			return chat, false, invalidRequest("%s.role: %q is not user or model", where, c.Role)
+			return chat, false, proxy.InvalidRequest("%s.role: %q is not user or model", where, c.Role)
 		}
 	}
 
@@ -450,20 +454,20 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 		for fi, fd := range t.FunctionDeclarations {
 			where := fmt.Sprintf("%stools[%d].functionDeclarations[%d]", at, ti, fi)
 			if fd.Name == "" {
-				return chat, false, invalidRequest("%s.name: required", where)
+				return chat, false, proxy.InvalidRequest("%s.name: required", where)
 			}
-			fn := ChatFunction{Name: fd.Name, Description: fd.Description}
+			fn := proxy.ChatFunction{Name: fd.Name, Description: fd.Description}
 			switch {
 			case gemPresent(fd.ParametersJSONSchema):
 				fn.Parameters = gemCompact(fd.ParametersJSONSchema)
 			case gemPresent(fd.Parameters):
 				p, err := gemSchema(fd.Parameters)
 				if err != nil {
-					return chat, false, invalidRequest("%s.parameters: %v", where, err)
+					return chat, false, proxy.InvalidRequest("%s.parameters: %v", where, err)
 				}
 				fn.Parameters = p
 			}
-			chat.Tools = append(chat.Tools, ChatTool{Type: "function", Function: fn})
+			chat.Tools = append(chat.Tools, proxy.ChatTool{Type: "function", Function: fn})
 		}
 	}
 
@@ -482,7 +486,7 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 				choice = map[string]any{"type": "function", "function": map[string]string{"name": fc.AllowedFunctionNames[0]}}
 			}
 		default:
-			return chat, false, invalidRequest("%stoolConfig.functionCallingConfig.mode: %q is not AUTO, ANY, NONE or VALIDATED", at, fc.Mode)
+			return chat, false, proxy.InvalidRequest("%stoolConfig.functionCallingConfig.mode: %q is not AUTO, ANY, NONE or VALIDATED", at, fc.Mode)
 		}
 		if choice != nil && len(chat.Tools) > 0 {
 			chat.ToolChoice, _ = json.Marshal(choice)
@@ -515,12 +519,12 @@ func gemToChat(gr *gemRequest, at string) (ChatRequest, bool, *Error) {
 }
 
 // gemModelMessage turns a model turn into an assistant message and its function calls.
-func gemModelMessage(c gemContent, turn int, where string) (ChatMessage, []gemPendingCall, *Error) {
+func gemModelMessage(c gemContent, turn int, where string) (proxy.ChatMessage, []gemPendingCall, *proxy.Error) {
 	var text, thoughts strings.Builder
 	var restored []string
 	seen := map[string]bool{}
 	var calls []gemPendingCall
-	msg := ChatMessage{Role: "assistant"}
+	msg := proxy.ChatMessage{Role: "assistant"}
 	for j, p := range c.Parts {
 		if sig := p.ThoughtSignature; sig != "" && !seen[sig] {
 			if r, ok := gemReadSignature(sig); ok {
@@ -530,15 +534,15 @@ func gemModelMessage(c gemContent, turn int, where string) (ChatMessage, []gemPe
 		}
 		if fc := p.FunctionCall; fc != nil {
 			if fc.Name == "" {
-				return msg, nil, invalidRequest("%s.parts[%d].functionCall.name: required", where, j)
+				return msg, nil, proxy.InvalidRequest("%s.parts[%d].functionCall.name: required", where, j)
 			}
 			id := fc.ID
 			if id == "" {
 				id = fmt.Sprintf("call_%d_%d", turn, len(calls))
 			}
-			msg.ToolCalls = append(msg.ToolCalls, ChatToolCall{
+			msg.ToolCalls = append(msg.ToolCalls, proxy.ChatToolCall{
 				ID: id, Type: "function",
-				Function: ChatFunctionCall{Name: fc.Name, Arguments: gemArgsString(fc.Args)},
+				Function: proxy.ChatFunctionCall{Name: fc.Name, Arguments: gemArgsString(fc.Args)},
 			})
 			calls = append(calls, gemPendingCall{id: id, name: fc.Name})
 		}
@@ -561,23 +565,23 @@ func gemModelMessage(c gemContent, turn int, where string) (ChatMessage, []gemPe
 
 // gemUserMessages turns a user turn into tool messages (its function responses, first)
 // and a user message (its other parts).
-func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []ChatMessage {
-	var tools []ChatMessage
-	var parts []ChatPart
+func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []proxy.ChatMessage {
+	var tools []proxy.ChatMessage
+	var parts []proxy.ChatPart
 	image := false
 	addMedia := func(mime, url string, inline bool) {
 		if strings.HasPrefix(strings.ToLower(mime), "image/") {
 			if inline {
 				url = "data:" + mime + ";base64," + url
 			}
-			parts = append(parts, ChatPart{Type: "image_url", ImageURL: &ChatImageURL{URL: url}})
+			parts = append(parts, proxy.ChatPart{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: url}})
 			image = true
 			return
 		}
 		if mime == "" {
 			mime = "unknown"
 		}
-		parts = append(parts, ChatPart{Type: "text", Text: fmt.Sprintf("[%s content omitted: only text and images are forwarded]", mime)})
+		parts = append(parts, proxy.ChatPart{Type: "text", Text: fmt.Sprintf("[%s content omitted: only text and images are forwarded]", mime)})
 	}
 	var media func(p gemPart)
 	media = func(p gemPart) {
@@ -600,7 +604,7 @@ func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []ChatMes
 			if gemPresent(fr.Response) {
 				content = string(gemCanonJSON(fr.Response))
 			}
-			tools = append(tools, ChatMessage{Role: "tool", Content: content, ToolCallID: id})
+			tools = append(tools, proxy.ChatMessage{Role: "tool", Content: content, ToolCallID: id})
 			for _, fp := range fr.Parts {
 				media(fp)
 			}
@@ -609,12 +613,12 @@ func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []ChatMes
 		case p.Thought || p.FunctionCall != nil:
 			// Not meaningful in a user turn.
 		case p.Text != nil && *p.Text != "":
-			parts = append(parts, ChatPart{Type: "text", Text: *p.Text})
+			parts = append(parts, proxy.ChatPart{Type: "text", Text: *p.Text})
 		}
 	}
 	out := tools
 	if len(parts) > 0 || len(tools) == 0 {
-		msg := ChatMessage{Role: "user"}
+		msg := proxy.ChatMessage{Role: "user"}
 		if image {
 			msg.Content = parts
 		} else {
@@ -856,7 +860,7 @@ func gemEachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error)
 
 // gemSignature is floe's thoughtSignature for reasoning text.
 func gemSignature(reasoning string) string {
-	return base64.StdEncoding.EncodeToString([]byte(floeSignaturePrefix + reasoning))
+	return base64.StdEncoding.EncodeToString([]byte(proxy.SignaturePrefix + reasoning))
 }
 
 // gemReadSignature restores reasoning from a floe signature; ok is false for others.
@@ -869,8 +873,8 @@ func gemReadSignature(sig string) (string, bool) {
 	// URL-safe alphabet (the Python SDK does) or without padding.
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {
 		b, err := enc.DecodeString(sig)
-		if err == nil && bytes.HasPrefix(b, []byte(floeSignaturePrefix)) {
-			return string(b[len(floeSignaturePrefix):]), true
+		if err == nil && bytes.HasPrefix(b, []byte(proxy.SignaturePrefix)) {
+			return string(b[len(proxy.SignaturePrefix):]), true
 		}
 	}
 	return "", false
@@ -878,7 +882,7 @@ func gemReadSignature(sig string) (string, bool) {
 
 // ---- answers ----
 
-func gemStateOf(req *Request) *gemState {
+func gemStateOf(req *proxy.Request) *gemState {
 	if req != nil {
 		if st, ok := req.State.(*gemState); ok && st != nil {
 			return st
@@ -887,7 +891,7 @@ func gemStateOf(req *Request) *gemState {
 	return &gemState{Method: gemMethodGenerate, IncludeThoughts: true}
 }
 
-func gemModelOf(req *Request) string {
+func gemModelOf(req *proxy.Request) string {
 	if req == nil {
 		return ""
 	}
@@ -899,17 +903,17 @@ func gemText(s string) *string { return &s }
 // gemFinish maps a normalized finish reason to Gemini's.
 func gemFinish(reason string) string {
 	switch reason {
-	case FinishStop, FinishToolCalls, "":
+	case proxy.FinishStop, proxy.FinishToolCalls, "":
 		return "STOP"
-	case FinishLength:
+	case proxy.FinishLength:
 		return "MAX_TOKENS"
-	case FinishFilter:
+	case proxy.FinishFilter:
 		return "SAFETY"
 	}
 	return "OTHER"
 }
 
-func gemUsageOf(u Usage) *gemUsage {
+func gemUsageOf(u proxy.Usage) *gemUsage {
 	total := u.TotalTokens
 	if total == 0 {
 		total = u.PromptTokens + u.CompletionTokens
@@ -919,13 +923,13 @@ func gemUsageOf(u Usage) *gemUsage {
 
 // gemAnswerParts renders one answer as parts: thoughts (when the caller wants them),
 // text, function calls; floe's signature on the first non-thought part.
-func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
+func gemAnswerParts(m proxy.ChatMessage, includeThoughts bool) []gemPart {
 	var parts []gemPart
 	if includeThoughts && m.ReasoningContent != "" {
 		parts = append(parts, gemPart{Text: gemText(m.ReasoningContent), Thought: true})
 	}
 	host := -1
-	if text := contentText(m.Content); text != "" {
+	if text := proxy.ContentText(m.Content); text != "" {
 		// A blank text part is no home for the signature: harnesses drop such parts
 		// (Pi skips whitespace-only text), and the reasoning would go with it.
 		if strings.TrimSpace(text) != "" {
@@ -955,7 +959,7 @@ func gemAnswerParts(m ChatMessage, includeThoughts bool) []gemPart {
 }
 
 // WriteResponse implements Dialect.
-func (Gemini) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
 	st := gemStateOf(req)
 	out := gemResponse{Candidates: []gemCandidate{}, ModelVersion: gemModelOf(req)}
 	if res != nil {
@@ -969,7 +973,7 @@ func (Gemini) WriteResponse(w http.ResponseWriter, req *Request, res *Response) 
 			})
 		}
 	}
-	return writeJSON(w, http.StatusOK, out)
+	return proxy.WriteJSON(w, http.StatusOK, out)
 }
 
 // ---- streaming ----
@@ -982,7 +986,7 @@ type gemStreamCall struct {
 }
 
 type gemStream struct {
-	sse             *sseWriter
+	sse             *proxy.SSEWriter
 	model, id       string
 	includeThoughts bool
 	unsigned        strings.Builder  // reasoning not yet covered by a signature
@@ -992,9 +996,9 @@ type gemStream struct {
 }
 
 // NewStream implements Dialect.
-func (Gemini) NewStream(w http.ResponseWriter, req *Request) Stream {
+func (Dialect) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
 	return &gemStream{
-		sse:             newSSE(w),
+		sse:             proxy.NewSSE(w),
 		model:           gemModelOf(req),
 		id:              gemNewID(),
 		includeThoughts: gemStateOf(req).IncludeThoughts,
@@ -1012,7 +1016,7 @@ func (s *gemStream) send(parts []gemPart, finish string, usage *gemUsage) error 
 	if len(parts) == 0 {
 		parts = []gemPart{{Text: gemText("")}}
 	}
-	return s.sse.event("", gemResponse{
+	return s.sse.Event("", gemResponse{
 		Candidates:    []gemCandidate{{Content: gemContent{Role: "model", Parts: parts}, FinishReason: finish}},
 		UsageMetadata: usage,
 		ModelVersion:  s.model,
@@ -1055,7 +1059,7 @@ func (s *gemStream) take(limit int) []gemPart {
 
 // Delta implements Stream. Text and thoughts are sent as they come; a function call is
 // sent whole when the next call starts or the stream ends.
-func (s *gemStream) Delta(d Delta) error {
+func (s *gemStream) Delta(d proxy.Delta) error {
 	if s.done {
 		return errors.New("gemini stream: delta after the end")
 	}
@@ -1108,7 +1112,7 @@ func (s *gemStream) Delta(d Delta) error {
 }
 
 // End implements Stream: the remaining calls, finishReason and usage in one last event.
-func (s *gemStream) End(finishReason string, usage Usage) error {
+func (s *gemStream) End(finishReason string, usage proxy.Usage) error {
 	if s.done {
 		return errors.New("gemini stream: ended twice")
 	}
@@ -1123,31 +1127,31 @@ func (s *gemStream) End(finishReason string, usage Usage) error {
 }
 
 // Fail implements Stream.
-func (s *gemStream) Fail(e *Error) error {
+func (s *gemStream) Fail(e *proxy.Error) error {
 	if s.done {
 		return errors.New("gemini stream: failed after the end")
 	}
 	s.done = true
 	_, body := gemErrorOf(e)
-	return s.sse.event("", body)
+	return s.sse.Event("", body)
 }
 
 // ---- errors, models, counts ----
 
 // gemErrorOf renders err as Gemini's error body and its HTTP status.
-func gemErrorOf(e *Error) (int, gemErrorBody) {
+func gemErrorOf(e *proxy.Error) (int, gemErrorBody) {
 	if e == nil {
-		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "internal error"}
+		e = &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "internal error"}
 	}
 	code, status, msg := e.Status, "", e.Message
 	switch e.Kind {
-	case ErrInvalidRequest, ErrTooLarge:
+	case proxy.ErrInvalidRequest, proxy.ErrTooLarge:
 		status = "INVALID_ARGUMENT"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		status = "UNAUTHENTICATED"
-	case ErrNotFound:
+	case proxy.ErrNotFound:
 		status = "NOT_FOUND"
-	case ErrContextLength:
+	case proxy.ErrContextLength:
 		// Gemini's own words, which harnesses look for.
 		code, status = http.StatusBadRequest, "INVALID_ARGUMENT"
 		switch {
@@ -1158,14 +1162,14 @@ func gemErrorOf(e *Error) (int, gemErrorBody) {
 		default:
 			msg = "The input token count exceeds the maximum number of tokens allowed."
 		}
-	case ErrUpstreamUnavailable:
+	case proxy.ErrUpstreamUnavailable:
 		status = "UNAVAILABLE"
-	case ErrOverloaded:
+	case proxy.ErrOverloaded:
 		status = "RESOURCE_EXHAUSTED"
 		if code == http.StatusServiceUnavailable {
 			status = "UNAVAILABLE"
 		}
-	case ErrInternal:
+	case proxy.ErrInternal:
 		status = "INTERNAL"
 	}
 	if code == 0 {
@@ -1205,9 +1209,9 @@ func gemStatusFor(code int) string {
 }
 
 // WriteError implements Dialect.
-func (Gemini) WriteError(w http.ResponseWriter, err *Error) {
+func (Dialect) WriteError(w http.ResponseWriter, err *proxy.Error) {
 	code, body := gemErrorOf(err)
-	_ = writeJSON(w, code, body)
+	_ = proxy.WriteJSON(w, code, body)
 }
 
 type gemModel struct {
@@ -1217,7 +1221,7 @@ type gemModel struct {
 }
 
 // WriteModels implements Dialect.
-func (Gemini) WriteModels(w http.ResponseWriter, models []string) {
+func (Dialect) WriteModels(w http.ResponseWriter, models []string) {
 	list := make([]gemModel, 0, len(models))
 	for _, m := range models {
 		list = append(list, gemModel{
@@ -1226,10 +1230,10 @@ func (Gemini) WriteModels(w http.ResponseWriter, models []string) {
 			SupportedGenerationMethods: []string{gemMethodGenerate, gemMethodStream, gemMethodCount},
 		})
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"models": list})
+	_ = proxy.WriteJSON(w, http.StatusOK, map[string]any{"models": list})
 }
 
 // WriteCount implements TokenCounter.
-func (Gemini) WriteCount(w http.ResponseWriter, req *Request, tokens int) {
-	_ = writeJSON(w, http.StatusOK, map[string]int{"totalTokens": tokens})
+func (Dialect) WriteCount(w http.ResponseWriter, req *proxy.Request, tokens int) {
+	_ = proxy.WriteJSON(w, http.StatusOK, map[string]int{"totalTokens": tokens})
 }

@@ -1,4 +1,4 @@
-package proxy
+package gemini
 
 import (
 	"bufio"
@@ -11,13 +11,15 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/floe-rl/floe/proxy"
 )
 
 const gemPathGen = "/v1beta/models/gemini-2.5-pro:generateContent"
 
-func gemDecode(path, body string) (*Request, error) {
+func gemDecode(path, body string) (*proxy.Request, error) {
 	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
-	return Gemini{}.Decode(r, []byte(body))
+	return Dialect{}.Decode(r, []byte(body))
 }
 
 // gemJSONEqual reports whether got, marshalled, is the same JSON value as want.
@@ -333,11 +335,11 @@ func TestGeminiDecodeErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := gemDecode(tc.path, tc.body)
-			var e *Error
+			var e *proxy.Error
 			if !errors.As(err, &e) {
 				t.Fatalf("err = %v (%T), want *Error", err, err)
 			}
-			if e.Status != http.StatusBadRequest || e.Kind != ErrInvalidRequest {
+			if e.Status != http.StatusBadRequest || e.Kind != proxy.ErrInvalidRequest {
 				t.Errorf("err = %+v, want 400 invalid_request", e)
 			}
 			if !strings.Contains(e.Message, tc.want) {
@@ -347,45 +349,45 @@ func TestGeminiDecodeErrors(t *testing.T) {
 	}
 }
 
-func gemTestRequest(include bool) *Request {
-	return &Request{Model: "gemini-2.5-pro", State: &gemState{Method: gemMethodGenerate, IncludeThoughts: include}}
+func gemTestRequest(include bool) *proxy.Request {
+	return &proxy.Request{Model: "gemini-2.5-pro", State: &gemState{Method: gemMethodGenerate, IncludeThoughts: include}}
 }
 
 func TestGeminiWriteResponse(t *testing.T) {
-	usage := Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}
+	usage := proxy.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}
 	usageJSON := `"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15},"modelVersion":"gemini-2.5-pro","responseId":"r1"`
 	cases := []struct {
 		name    string
 		include bool
-		choice  Choice
+		choice  proxy.Choice
 		want    string
 	}{
 		{
 			name:   "text",
-			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "Hello."}, FinishReason: FinishStop},
+			choice: proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: "Hello."}, FinishReason: proxy.FinishStop},
 			want:   `{"candidates":[{"content":{"role":"model","parts":[{"text":"Hello."}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
 		},
 		{
 			name:    "thought and text",
 			include: true,
-			choice:  Choice{Message: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: FinishStop},
+			choice:  proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: proxy.FinishStop},
 			want: `{"candidates":[{"content":{"role":"model","parts":[{"text":"think","thought":true},
 				{"text":"42","thoughtSignature":"` + gemSignature("think") + `"}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
 		},
 		{
 			name:   "thoughts not included: signature only",
-			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: FinishStop},
+			choice: proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "think"}, FinishReason: proxy.FinishStop},
 			want: `{"candidates":[{"content":{"role":"model","parts":[
 				{"text":"42","thoughtSignature":"` + gemSignature("think") + `"}]},"finishReason":"STOP","index":0}],` + usageJSON + `}`,
 		},
 		{
 			name:    "parallel function calls",
 			include: true,
-			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "", ReasoningContent: "r", ToolCalls: []ChatToolCall{
-				{ID: "c1", Type: "function", Function: ChatFunctionCall{Name: "ls", Arguments: `{"path": "."}`}},
-				{ID: "c2", Type: "function", Function: ChatFunctionCall{Name: "read_file", Arguments: `{"file_path":"a.go","n":[1,2]}`}},
-				{ID: "c3", Type: "function", Function: ChatFunctionCall{Name: "noargs", Arguments: ``}},
-			}}, FinishReason: FinishToolCalls},
+			choice: proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: "", ReasoningContent: "r", ToolCalls: []proxy.ChatToolCall{
+				{ID: "c1", Type: "function", Function: proxy.ChatFunctionCall{Name: "ls", Arguments: `{"path": "."}`}},
+				{ID: "c2", Type: "function", Function: proxy.ChatFunctionCall{Name: "read_file", Arguments: `{"file_path":"a.go","n":[1,2]}`}},
+				{ID: "c3", Type: "function", Function: proxy.ChatFunctionCall{Name: "noargs", Arguments: ``}},
+			}}, FinishReason: proxy.FinishToolCalls},
 			want: `{"candidates":[{"content":{"role":"model","parts":[{"text":"r","thought":true},
 				{"functionCall":{"id":"c1","name":"ls","args":{"path":"."}},"thoughtSignature":"` + gemSignature("r") + `"},
 				{"functionCall":{"id":"c2","name":"read_file","args":{"file_path":"a.go","n":[1,2]}}},
@@ -393,20 +395,20 @@ func TestGeminiWriteResponse(t *testing.T) {
 		},
 		{
 			name:   "max tokens inside reasoning",
-			choice: Choice{Message: ChatMessage{Role: "assistant", Content: "", ReasoningContent: "long"}, FinishReason: FinishLength},
+			choice: proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: "", ReasoningContent: "long"}, FinishReason: proxy.FinishLength},
 			want: `{"candidates":[{"content":{"role":"model","parts":[{"thoughtSignature":"` + gemSignature("long") + `"}]},
 				"finishReason":"MAX_TOKENS","index":0}],` + usageJSON + `}`,
 		},
 		{
 			name:   "empty",
-			choice: Choice{Message: ChatMessage{Role: "assistant", Content: ""}, FinishReason: "abort"},
+			choice: proxy.Choice{Message: proxy.ChatMessage{Role: "assistant", Content: ""}, FinishReason: "abort"},
 			want:   `{"candidates":[{"content":{"role":"model","parts":[{"text":""}]},"finishReason":"OTHER","index":0}],` + usageJSON + `}`,
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			err := Gemini{}.WriteResponse(rec, gemTestRequest(tc.include), &Response{ID: "r1", Choices: []Choice{tc.choice}, Usage: usage})
+			err := Dialect{}.WriteResponse(rec, gemTestRequest(tc.include), &proxy.Response{ID: "r1", Choices: []proxy.Choice{tc.choice}, Usage: usage})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -463,27 +465,27 @@ func gemDecodeStrict(t *testing.T, data string) gemResponse {
 func TestGeminiStream(t *testing.T) {
 	for _, include := range []bool{true, false} {
 		rec := httptest.NewRecorder()
-		s := Gemini{}.NewStream(rec, gemTestRequest(include))
-		deltas := []Delta{
+		s := Dialect{}.NewStream(rec, gemTestRequest(include))
+		deltas := []proxy.Delta{
 			{Reasoning: "Let me "},
 			{Reasoning: "think."},
 			{Content: "I'll look."},
 			{Content: " Now."},
-			{ToolCalls: []ToolCallDelta{{Index: 0, ID: "c0", Name: "ls", Arguments: `{"pa`}}},
-			{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `th": "."}`}}},
-			{ToolCalls: []ToolCallDelta{{Index: 1, ID: "c1", Name: "read_file"}}},
-			{ToolCalls: []ToolCallDelta{{Index: 1, Arguments: `{"file_path":`}}},
-			{ToolCalls: []ToolCallDelta{{Index: 1, Arguments: ` "a.go"}`}}},
+			{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "c0", Name: "ls", Arguments: `{"pa`}}},
+			{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: `th": "."}`}}},
+			{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "c1", Name: "read_file"}}},
+			{ToolCalls: []proxy.ToolCallDelta{{Index: 1, Arguments: `{"file_path":`}}},
+			{ToolCalls: []proxy.ToolCallDelta{{Index: 1, Arguments: ` "a.go"}`}}},
 		}
 		for _, d := range deltas {
 			if err := s.Delta(d); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := s.End(FinishToolCalls, Usage{PromptTokens: 7, CompletionTokens: 9, TotalTokens: 16}); err != nil {
+		if err := s.End(proxy.FinishToolCalls, proxy.Usage{PromptTokens: 7, CompletionTokens: 9, TotalTokens: 16}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Delta(Delta{Content: "late"}); err == nil {
+		if err := s.Delta(proxy.Delta{Content: "late"}); err == nil {
 			t.Error("Delta after End: want an error")
 		}
 		if ct := rec.Header().Get("Content-Type"); ct != "text/event-stream" {
@@ -547,12 +549,12 @@ func TestGeminiStream(t *testing.T) {
 
 func TestGeminiStreamCallsWhole(t *testing.T) {
 	rec := httptest.NewRecorder()
-	s := Gemini{}.NewStream(rec, gemTestRequest(false))
-	steps := []Delta{
+	s := Dialect{}.NewStream(rec, gemTestRequest(false))
+	steps := []proxy.Delta{
 		{Reasoning: "plan"},
-		{ToolCalls: []ToolCallDelta{{Index: 0, ID: "a", Name: "f", Arguments: `{"x":`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `1}`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 1, ID: "b", Name: "g", Arguments: `{}`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "a", Name: "f", Arguments: `{"x":`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: `1}`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "b", Name: "g", Arguments: `{}`}}},
 	}
 	var counts []int
 	for _, d := range steps {
@@ -566,10 +568,10 @@ func TestGeminiStreamCallsWhole(t *testing.T) {
 	if !reflect.DeepEqual(counts, []int{0, 0, 0, 1}) {
 		t.Errorf("events after each delta: %v", counts)
 	}
-	if err := s.Delta(Delta{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: "x"}}}); err == nil {
+	if err := s.Delta(proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: "x"}}}); err == nil {
 		t.Error("fragment of a sent call: want an error")
 	}
-	if err := s.End(FinishToolCalls, Usage{}); err != nil {
+	if err := s.End(proxy.FinishToolCalls, proxy.Usage{}); err != nil {
 		t.Fatal(err)
 	}
 	events := gemSSEEvents(t, rec.Body.String())
@@ -582,9 +584,9 @@ func TestGeminiStreamCallsWhole(t *testing.T) {
 
 	// Reasoning and nothing else: the signature rides alone on the last event.
 	rec = httptest.NewRecorder()
-	s = Gemini{}.NewStream(rec, gemTestRequest(true))
-	_ = s.Delta(Delta{Reasoning: "hmm"})
-	_ = s.End(FinishLength, Usage{PromptTokens: 1, CompletionTokens: 2})
+	s = Dialect{}.NewStream(rec, gemTestRequest(true))
+	_ = s.Delta(proxy.Delta{Reasoning: "hmm"})
+	_ = s.End(proxy.FinishLength, proxy.Usage{PromptTokens: 1, CompletionTokens: 2})
 	events = gemSSEEvents(t, rec.Body.String())
 	last = gemDecodeStrict(t, events[len(events)-1])
 	gemJSONEqual(t, "reasoning only", last.Candidates[0], `{"content":{"role":"model","parts":[{"thoughtSignature":"`+gemSignature("hmm")+`"}]},"finishReason":"MAX_TOKENS","index":0}`)
@@ -595,9 +597,9 @@ func TestGeminiStreamCallsWhole(t *testing.T) {
 
 func TestGeminiStreamFail(t *testing.T) {
 	rec := httptest.NewRecorder()
-	s := Gemini{}.NewStream(rec, gemTestRequest(true))
-	_ = s.Delta(Delta{Content: "par"})
-	if err := s.Fail(&Error{Status: 503, Kind: ErrUpstreamUnavailable, Message: "engine down"}); err != nil {
+	s := Dialect{}.NewStream(rec, gemTestRequest(true))
+	_ = s.Delta(proxy.Delta{Content: "par"})
+	if err := s.Fail(&proxy.Error{Status: 503, Kind: proxy.ErrUpstreamUnavailable, Message: "engine down"}); err != nil {
 		t.Fatal(err)
 	}
 	events := gemSSEEvents(t, rec.Body.String())
@@ -605,7 +607,7 @@ func TestGeminiStreamFail(t *testing.T) {
 		t.Fatalf("events %q", events)
 	}
 	gemJSONEqual(t, "error event", json.RawMessage(events[1]), `{"error":{"code":503,"message":"engine down","status":"UNAVAILABLE"}}`)
-	if s.End(FinishStop, Usage{}) == nil {
+	if s.End(proxy.FinishStop, proxy.Usage{}) == nil {
 		t.Error("End after Fail: want an error")
 	}
 }
@@ -613,21 +615,21 @@ func TestGeminiStreamFail(t *testing.T) {
 // TestGeminiRoundTrip: an answer written as Gemini JSON and sent back as the model turn
 // of the next request decodes to the same assistant message.
 func TestGeminiRoundTrip(t *testing.T) {
-	msgs := []ChatMessage{
+	msgs := []proxy.ChatMessage{
 		{Role: "assistant", Content: "plain"},
 		{Role: "assistant", Content: "with reasoning", ReasoningContent: "because\n\n it is "},
-		{Role: "assistant", Content: "", ReasoningContent: "call two", ToolCalls: []ChatToolCall{
-			{ID: "x1", Type: "function", Function: ChatFunctionCall{Name: "ls", Arguments: `{"path":".","deep":{"a":[1,"b"]}}`}},
-			{ID: "x2", Type: "function", Function: ChatFunctionCall{Name: "run_shell_command", Arguments: `{"command":"go test ./...","description":"ünïcode"}`}},
+		{Role: "assistant", Content: "", ReasoningContent: "call two", ToolCalls: []proxy.ChatToolCall{
+			{ID: "x1", Type: "function", Function: proxy.ChatFunctionCall{Name: "ls", Arguments: `{"path":".","deep":{"a":[1,"b"]}}`}},
+			{ID: "x2", Type: "function", Function: proxy.ChatFunctionCall{Name: "run_shell_command", Arguments: `{"command":"go test ./...","description":"ünïcode"}`}},
 		}},
-		{Role: "assistant", Content: "text then call", ToolCalls: []ChatToolCall{
-			{ID: "y", Type: "function", Function: ChatFunctionCall{Name: "f", Arguments: `{}`}}}},
+		{Role: "assistant", Content: "text then call", ToolCalls: []proxy.ChatToolCall{
+			{ID: "y", Type: "function", Function: proxy.ChatFunctionCall{Name: "f", Arguments: `{}`}}}},
 	}
 	for _, include := range []bool{true, false} {
 		for i, m := range msgs {
 			rec := httptest.NewRecorder()
-			res := &Response{ID: "r", Choices: []Choice{{Message: m, FinishReason: FinishStop}}}
-			if err := (Gemini{}).WriteResponse(rec, gemTestRequest(include), res); err != nil {
+			res := &proxy.Response{ID: "r", Choices: []proxy.Choice{{Message: m, FinishReason: proxy.FinishStop}}}
+			if err := (Dialect{}).WriteResponse(rec, gemTestRequest(include), res); err != nil {
 				t.Fatal(err)
 			}
 			var out gemResponse
@@ -659,36 +661,36 @@ func TestGeminiRoundTrip(t *testing.T) {
 
 func TestGeminiWriteError(t *testing.T) {
 	cases := []struct {
-		err  *Error
+		err  *proxy.Error
 		code int
 		want string
 	}{
-		{&Error{Status: 400, Kind: ErrInvalidRequest, Message: "contents: required"}, 400,
+		{&proxy.Error{Status: 400, Kind: proxy.ErrInvalidRequest, Message: "contents: required"}, 400,
 			`{"error":{"code":400,"message":"contents: required","status":"INVALID_ARGUMENT"}}`},
-		{&Error{Status: 401, Kind: ErrAuthentication, Message: "bad key"}, 401,
+		{&proxy.Error{Status: 401, Kind: proxy.ErrAuthentication, Message: "bad key"}, 401,
 			`{"error":{"code":401,"message":"bad key","status":"UNAUTHENTICATED"}}`},
-		{&Error{Status: 404, Kind: ErrNotFound, Message: "no model"}, 404,
+		{&proxy.Error{Status: 404, Kind: proxy.ErrNotFound, Message: "no model"}, 404,
 			`{"error":{"code":404,"message":"no model","status":"NOT_FOUND"}}`},
-		{&Error{Status: 429, Kind: ErrOverloaded, Message: "busy"}, 429,
+		{&proxy.Error{Status: 429, Kind: proxy.ErrOverloaded, Message: "busy"}, 429,
 			`{"error":{"code":429,"message":"busy","status":"RESOURCE_EXHAUSTED"}}`},
-		{&Error{Status: 503, Kind: ErrOverloaded, Message: "busy"}, 503,
+		{&proxy.Error{Status: 503, Kind: proxy.ErrOverloaded, Message: "busy"}, 503,
 			`{"error":{"code":503,"message":"busy","status":"UNAVAILABLE"}}`},
-		{&Error{Status: 502, Kind: ErrUpstreamUnavailable, Message: "down"}, 502,
+		{&proxy.Error{Status: 502, Kind: proxy.ErrUpstreamUnavailable, Message: "down"}, 502,
 			`{"error":{"code":502,"message":"down","status":"UNAVAILABLE"}}`},
-		{&Error{Kind: ErrInternal, Message: "oops"}, 500,
+		{&proxy.Error{Kind: proxy.ErrInternal, Message: "oops"}, 500,
 			`{"error":{"code":500,"message":"oops","status":"INTERNAL"}}`},
-		{&Error{Status: 413, Kind: ErrTooLarge, Message: "big"}, 413,
+		{&proxy.Error{Status: 413, Kind: proxy.ErrTooLarge, Message: "big"}, 413,
 			`{"error":{"code":413,"message":"big","status":"INVALID_ARGUMENT"}}`},
-		{&Error{Status: 400, Kind: ErrContextLength, Message: "vllm words", PromptTokens: 40000, MaxTokens: 32768}, 400,
+		{&proxy.Error{Status: 400, Kind: proxy.ErrContextLength, Message: "vllm words", PromptTokens: 40000, MaxTokens: 32768}, 400,
 			`{"error":{"code":400,"message":"The input token count (40000) exceeds the maximum number of tokens allowed (32768).","status":"INVALID_ARGUMENT"}}`},
-		{&Error{Status: 413, Kind: ErrContextLength, Message: "vllm words", MaxTokens: 32768}, 400,
+		{&proxy.Error{Status: 413, Kind: proxy.ErrContextLength, Message: "vllm words", MaxTokens: 32768}, 400,
 			`{"error":{"code":400,"message":"The input token count exceeds the maximum number of tokens allowed (32768).","status":"INVALID_ARGUMENT"}}`},
-		{&Error{Status: 403, Kind: "other", Message: "no"}, 403,
+		{&proxy.Error{Status: 403, Kind: "other", Message: "no"}, 403,
 			`{"error":{"code":403,"message":"no","status":"PERMISSION_DENIED"}}`},
 	}
 	for _, tc := range cases {
 		rec := httptest.NewRecorder()
-		Gemini{}.WriteError(rec, tc.err)
+		Dialect{}.WriteError(rec, tc.err)
 		if rec.Code != tc.code {
 			t.Errorf("%v: status %d, want %d", tc.err, rec.Code, tc.code)
 		}
@@ -698,12 +700,12 @@ func TestGeminiWriteError(t *testing.T) {
 
 func TestGeminiModelsAndCount(t *testing.T) {
 	rec := httptest.NewRecorder()
-	Gemini{}.WriteModels(rec, []string{"qwen3-8b", "gemini-2.5-pro"})
+	Dialect{}.WriteModels(rec, []string{"qwen3-8b", "gemini-2.5-pro"})
 	gemJSONEqual(t, "models", json.RawMessage(rec.Body.Bytes()), `{"models":[
 		{"name":"models/qwen3-8b","displayName":"qwen3-8b","supportedGenerationMethods":["generateContent","streamGenerateContent","countTokens"]},
 		{"name":"models/gemini-2.5-pro","displayName":"gemini-2.5-pro","supportedGenerationMethods":["generateContent","streamGenerateContent","countTokens"]}]}`)
 	rec = httptest.NewRecorder()
-	Gemini{}.WriteModels(rec, nil)
+	Dialect{}.WriteModels(rec, nil)
 	gemJSONEqual(t, "no models", json.RawMessage(rec.Body.Bytes()), `{"models":[]}`)
 
 	req, err := gemDecode("/v1beta/models/m:countTokens", `{"contents":[{"parts":[{"text":"x"}]}]}`)
@@ -711,9 +713,9 @@ func TestGeminiModelsAndCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec = httptest.NewRecorder()
-	Gemini{}.WriteCount(rec, req, 123)
+	Dialect{}.WriteCount(rec, req, 123)
 	gemJSONEqual(t, "count", json.RawMessage(rec.Body.Bytes()), `{"totalTokens":123}`)
-	if Gemini.Name(Gemini{}) != "gemini" {
+	if Dialect.Name(Dialect{}) != "gemini" {
 		t.Error("Name")
 	}
 }
@@ -721,7 +723,7 @@ func TestGeminiModelsAndCount(t *testing.T) {
 func TestGeminiSignature(t *testing.T) {
 	for _, r := range []string{"", "a", "multi\nline ünïcode 🙂 ??>>", "\xff\xfe\xfd", strings.Repeat("x", 10000)} {
 		sig := gemSignature(r)
-		raw := []byte(floeSignaturePrefix + r)
+		raw := []byte(proxy.SignaturePrefix + r)
 		for _, s := range []string{sig, base64.URLEncoding.EncodeToString(raw), base64.RawURLEncoding.EncodeToString(raw), base64.RawStdEncoding.EncodeToString(raw)} {
 			got, ok := gemReadSignature(s)
 			if !ok || got != r {
@@ -746,10 +748,10 @@ func FuzzGeminiDecode(f *testing.F) {
 	paths := []string{gemPathGen, "/v1beta/models/m:streamGenerateContent?alt=sse", "/v1beta/models/m:countTokens"}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		r := httptest.NewRequest(http.MethodPost, paths[int(which)%len(paths)], bytes.NewReader(body))
-		req, err := Gemini{}.Decode(r, body)
+		req, err := Dialect{}.Decode(r, body)
 		if err != nil {
-			var e *Error
-			if !errors.As(err, &e) || e.Status != 400 || e.Kind != ErrInvalidRequest {
+			var e *proxy.Error
+			if !errors.As(err, &e) || e.Status != 400 || e.Kind != proxy.ErrInvalidRequest {
 				t.Fatalf("error %v is not a 400 *Error", err)
 			}
 			return
@@ -758,13 +760,13 @@ func FuzzGeminiDecode(f *testing.F) {
 			t.Fatalf("normalized request does not marshal: %v", err)
 		}
 		// Answer with what was asked, to exercise the writers too.
-		var res Response
+		var res proxy.Response
 		for _, m := range req.Chat.Messages {
 			if m.Role == "assistant" {
-				res.Choices = append(res.Choices, Choice{Message: m})
+				res.Choices = append(res.Choices, proxy.Choice{Message: m})
 			}
 		}
-		if err := (Gemini{}).WriteResponse(httptest.NewRecorder(), req, &res); err != nil {
+		if err := (Dialect{}).WriteResponse(httptest.NewRecorder(), req, &res); err != nil {
 			t.Fatalf("WriteResponse: %v", err)
 		}
 	})
@@ -774,8 +776,8 @@ func FuzzGeminiDecode(f *testing.F) {
 // call must not carry floe's signature, because harnesses drop blank text parts (Pi does)
 // and the reasoning would be lost from the next request's history.
 func TestGeminiSignatureSkipsBlankText(t *testing.T) {
-	msg := ChatMessage{Role: "assistant", Content: "\n\n", ReasoningContent: "think",
-		ToolCalls: []ChatToolCall{{ID: "c1", Type: "function", Function: ChatFunctionCall{Name: "read", Arguments: `{"path":"a"}`}}}}
+	msg := proxy.ChatMessage{Role: "assistant", Content: "\n\n", ReasoningContent: "think",
+		ToolCalls: []proxy.ChatToolCall{{ID: "c1", Type: "function", Function: proxy.ChatFunctionCall{Name: "read", Arguments: `{"path":"a"}`}}}}
 	parts := gemAnswerParts(msg, false)
 	for _, p := range parts {
 		if p.Text != nil && strings.TrimSpace(*p.Text) == "" && p.ThoughtSignature != "" {
@@ -787,11 +789,11 @@ func TestGeminiSignatureSkipsBlankText(t *testing.T) {
 	}
 
 	rec := httptest.NewRecorder()
-	st := Gemini{}.NewStream(rec, &Request{Model: "m", State: nil})
-	_ = st.Delta(Delta{Reasoning: "think"})
-	_ = st.Delta(Delta{Content: "\n\n"})
-	_ = st.Delta(Delta{ToolCalls: []ToolCallDelta{{Index: 0, ID: "c1", Name: "read", Arguments: `{"path":"a"}`}}})
-	_ = st.End(FinishToolCalls, Usage{})
+	st := Dialect{}.NewStream(rec, &proxy.Request{Model: "m", State: nil})
+	_ = st.Delta(proxy.Delta{Reasoning: "think"})
+	_ = st.Delta(proxy.Delta{Content: "\n\n"})
+	_ = st.Delta(proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "c1", Name: "read", Arguments: `{"path":"a"}`}}})
+	_ = st.End(proxy.FinishToolCalls, proxy.Usage{})
 	body := rec.Body.String()
 	if !strings.Contains(body, `"functionCall"`) {
 		t.Fatalf("no function call streamed: %s", body)

@@ -1,4 +1,6 @@
-package proxy
+// Package openai holds the proxy's two OpenAI dialects: Chat Completions
+// (/v1/chat/completions, the upstream's own format) and Responses (/v1/responses).
+package openai
 
 import (
 	"crypto/rand"
@@ -6,19 +8,21 @@ import (
 	"encoding/json"
 
 	"fmt"
-	gojson "github.com/goccy/go-json"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/floe-rl/floe/proxy"
+	gojson "github.com/goccy/go-json"
 )
 
 // OpenAIChat is the OpenAI Chat Completions API (/v1/chat/completions): the upstream's own
 // dialect, so decoding is mostly validation and encoding mostly renaming the model back.
-type OpenAIChat struct{}
+type Chat struct{}
 
-var _ Dialect = OpenAIChat{}
+var _ proxy.Dialect = Chat{}
 
-func (OpenAIChat) Name() string { return "openai_chat" }
+func (Chat) Name() string { return "openai_chat" }
 
 // chatState is what the writers need from the request.
 type chatState struct {
@@ -29,18 +33,18 @@ type chatState struct {
 // token limit has two names, developer is a system role, reasoning_effort may turn
 // thinking off.
 type chatIn struct {
-	Model               string          `json:"model"`
-	Messages            []chatInMessage `json:"messages"`
-	Tools               []ChatTool      `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Stop                json.RawMessage `json:"stop"`
-	N                   *int            `json:"n"`
-	Stream              bool            `json:"stream"`
+	Model               string           `json:"model"`
+	Messages            []chatInMessage  `json:"messages"`
+	Tools               []proxy.ChatTool `json:"tools"`
+	ToolChoice          json.RawMessage  `json:"tool_choice"`
+	ParallelToolCalls   *bool            `json:"parallel_tool_calls"`
+	MaxTokens           *int             `json:"max_tokens"`
+	MaxCompletionTokens *int             `json:"max_completion_tokens"`
+	Temperature         *float64         `json:"temperature"`
+	TopP                *float64         `json:"top_p"`
+	Stop                json.RawMessage  `json:"stop"`
+	N                   *int             `json:"n"`
+	Stream              bool             `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -49,27 +53,27 @@ type chatIn struct {
 }
 
 type chatInMessage struct {
-	Role             string          `json:"role"`
-	Content          json.RawMessage `json:"content"`
-	Name             string          `json:"name"`
-	ToolCalls        []ChatToolCall  `json:"tool_calls"`
-	ToolCallID       string          `json:"tool_call_id"`
-	ReasoningContent string          `json:"reasoning_content"`
-	Reasoning        string          `json:"reasoning"`
+	Role             string               `json:"role"`
+	Content          json.RawMessage      `json:"content"`
+	Name             string               `json:"name"`
+	ToolCalls        []proxy.ChatToolCall `json:"tool_calls"`
+	ToolCallID       string               `json:"tool_call_id"`
+	ReasoningContent string               `json:"reasoning_content"`
+	Reasoning        string               `json:"reasoning"`
 }
 
-func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
+func (Chat) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
 	var in chatIn
 	if err := gojson.Unmarshal(body, &in); err != nil {
-		return nil, invalidRequest("the request body is not a valid chat completions request: %v", err)
+		return nil, proxy.InvalidRequest("the request body is not a valid chat completions request: %v", err)
 	}
 	if in.Model == "" {
-		return nil, invalidRequest("missing required field: model")
+		return nil, proxy.InvalidRequest("missing required field: model")
 	}
 	if len(in.Messages) == 0 {
-		return nil, invalidRequest("missing required field: messages (at least one message)")
+		return nil, proxy.InvalidRequest("missing required field: messages (at least one message)")
 	}
-	out := ChatRequest{
+	out := proxy.ChatRequest{
 		Model: in.Model, Tools: in.Tools, ToolChoice: in.ToolChoice, ParallelToolCalls: in.ParallelToolCalls,
 		Temperature: in.Temperature, TopP: in.TopP, N: in.N, Stream: in.Stream, ChatTemplateKwargs: in.ChatTemplateKwargs,
 	}
@@ -82,7 +86,7 @@ func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 		if json.Unmarshal(in.Stop, &one) == nil {
 			out.Stop = []string{one}
 		} else if err := json.Unmarshal(in.Stop, &out.Stop); err != nil {
-			return nil, invalidRequest("stop must be a string or an array of strings")
+			return nil, proxy.InvalidRequest("stop must be a string or an array of strings")
 		}
 	}
 	switch in.ReasoningEffort {
@@ -92,7 +96,7 @@ func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 		out.ChatTemplateKwargs = withKwarg(out.ChatTemplateKwargs, "enable_thinking", true)
 	}
 	for i, m := range in.Messages {
-		cm := ChatMessage{Role: m.Role, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, ReasoningContent: m.ReasoningContent}
+		cm := proxy.ChatMessage{Role: m.Role, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, ReasoningContent: m.ReasoningContent}
 		if cm.ReasoningContent == "" {
 			cm.ReasoningContent = m.Reasoning
 		}
@@ -101,17 +105,17 @@ func (OpenAIChat) Decode(_ *http.Request, body []byte) (*Request, error) {
 			cm.Role = "system"
 		case "system", "user", "assistant", "tool":
 		default:
-			return nil, invalidRequest("messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
+			return nil, proxy.InvalidRequest("messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
 		}
 		content, err := chatContent(m.Content)
 		if err != nil {
-			return nil, invalidRequest("messages[%d].content: %v", i, err)
+			return nil, proxy.InvalidRequest("messages[%d].content: %v", i, err)
 		}
 		cm.Content = content
 		out.Messages = append(out.Messages, cm)
 	}
 	st := chatState{includeUsage: in.StreamOptions != nil && in.StreamOptions.IncludeUsage}
-	return &Request{Chat: out, Model: in.Model, Stream: in.Stream, State: st}, nil
+	return &proxy.Request{Chat: out, Model: in.Model, Stream: in.Stream, State: st}, nil
 }
 
 func withKwarg(m map[string]any, k string, v any) map[string]any {
@@ -137,7 +141,7 @@ func chatContent(raw json.RawMessage) (any, error) {
 		}
 		return s, nil
 	}
-	var parts []ChatPart
+	var parts []proxy.ChatPart
 	if err := gojson.Unmarshal(raw, &parts); err != nil {
 		return nil, fmt.Errorf("must be a string or an array of content parts")
 	}
@@ -166,13 +170,13 @@ func newID(prefix string) string {
 
 // chatOutMessage is an assistant message as Chat Completions returns it.
 type chatOutMessage struct {
-	Role             string         `json:"role"`
-	Content          *string        `json:"content"`
-	ReasoningContent string         `json:"reasoning_content,omitempty"`
-	ToolCalls        []ChatToolCall `json:"tool_calls,omitempty"`
+	Role             string               `json:"role"`
+	Content          *string              `json:"content"`
+	ReasoningContent string               `json:"reasoning_content,omitempty"`
+	ToolCalls        []proxy.ChatToolCall `json:"tool_calls,omitempty"`
 }
 
-func chatOut(m ChatMessage) chatOutMessage {
+func chatOut(m proxy.ChatMessage) chatOutMessage {
 	out := chatOutMessage{Role: "assistant", ReasoningContent: m.ReasoningContent, ToolCalls: m.ToolCalls}
 	if s, _ := m.Content.(string); s != "" || len(m.ToolCalls) == 0 {
 		out.Content = &s
@@ -180,7 +184,7 @@ func chatOut(m ChatMessage) chatOutMessage {
 	return out
 }
 
-func (OpenAIChat) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+func (Chat) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
 	type choice struct {
 		Index        int            `json:"index"`
 		Message      chatOutMessage `json:"message"`
@@ -195,22 +199,22 @@ func (OpenAIChat) WriteResponse(w http.ResponseWriter, req *Request, res *Respon
 	if id == "" {
 		id = newID("chatcmpl-")
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{
+	return proxy.WriteJSON(w, http.StatusOK, map[string]any{
 		"id": id, "object": "chat.completion", "created": time.Now().Unix(), "model": req.Model,
 		"choices": choices, "usage": res.Usage,
 	})
 }
 
 type chatStream struct {
-	sse     *sseWriter
-	req     *Request
+	sse     *proxy.SSEWriter
+	req     *proxy.Request
 	id      string
 	created int64
 	started bool
 }
 
-func (OpenAIChat) NewStream(w http.ResponseWriter, req *Request) Stream {
-	return &chatStream{sse: newSSE(w), req: req, id: newID("chatcmpl-"), created: time.Now().Unix()}
+func (Chat) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
+	return &chatStream{sse: proxy.NewSSE(w), req: req, id: newID("chatcmpl-"), created: time.Now().Unix()}
 }
 
 // chatChunk is one chat.completion.chunk.
@@ -220,7 +224,7 @@ type chatChunk struct {
 	Created int64             `json:"created"`
 	Model   string            `json:"model"`
 	Choices []chatChunkChoice `json:"choices"`
-	Usage   *Usage            `json:"usage,omitempty"`
+	Usage   *proxy.Usage      `json:"usage,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -230,12 +234,12 @@ type chatChunkChoice struct {
 	Logprobs     any            `json:"logprobs"`
 }
 
-func (s *chatStream) chunk(delta map[string]any, finish *string, usage *Usage) error {
+func (s *chatStream) chunk(delta map[string]any, finish *string, usage *proxy.Usage) error {
 	c := chatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.req.Model, Choices: []chatChunkChoice{}, Usage: usage}
 	if delta != nil {
 		c.Choices = append(c.Choices, chatChunkChoice{Delta: delta, FinishReason: finish})
 	}
-	return s.sse.event("", c)
+	return s.sse.Event("", c)
 }
 
 func (s *chatStream) start() error {
@@ -246,7 +250,7 @@ func (s *chatStream) start() error {
 	return s.chunk(map[string]any{"role": "assistant", "content": ""}, nil, nil)
 }
 
-func (s *chatStream) Delta(d Delta) error {
+func (s *chatStream) Delta(d proxy.Delta) error {
 	if err := s.start(); err != nil {
 		return err
 	}
@@ -278,7 +282,7 @@ func (s *chatStream) Delta(d Delta) error {
 	return nil
 }
 
-func (s *chatStream) End(finish string, usage Usage) error {
+func (s *chatStream) End(finish string, usage proxy.Usage) error {
 	if err := s.start(); err != nil {
 		return err
 	}
@@ -290,47 +294,47 @@ func (s *chatStream) End(finish string, usage Usage) error {
 			return err
 		}
 	}
-	return s.sse.raw("", "[DONE]")
+	return s.sse.Raw("", "[DONE]")
 }
 
-func (s *chatStream) Fail(err *Error) error {
-	if e := s.sse.event("", map[string]any{"error": chatErrorBody(err)}); e != nil {
+func (s *chatStream) Fail(err *proxy.Error) error {
+	if e := s.sse.Event("", map[string]any{"error": chatErrorBody(err)}); e != nil {
 		return e
 	}
-	return s.sse.raw("", "[DONE]")
+	return s.sse.Raw("", "[DONE]")
 }
 
-func chatErrorBody(err *Error) map[string]any {
+func chatErrorBody(err *proxy.Error) map[string]any {
 	typ, code := "invalid_request_error", any(nil)
 	msg := err.Message
 	switch err.Kind {
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		typ, code = "authentication_error", "invalid_api_key"
-	case ErrNotFound:
+	case proxy.ErrNotFound:
 		typ, code = "invalid_request_error", "not_found"
-	case ErrTooLarge:
+	case proxy.ErrTooLarge:
 		code = "request_too_large"
-	case ErrContextLength:
+	case proxy.ErrContextLength:
 		code = "context_length_exceeded"
 		if err.MaxTokens > 0 && err.PromptTokens > 0 {
 			msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.", err.MaxTokens, err.PromptTokens)
 		}
-	case ErrUpstreamUnavailable, ErrInternal:
+	case proxy.ErrUpstreamUnavailable, proxy.ErrInternal:
 		typ = "server_error"
-	case ErrOverloaded:
+	case proxy.ErrOverloaded:
 		typ, code = "server_error", "overloaded"
 	}
 	return map[string]any{"message": msg, "type": typ, "param": nil, "code": code}
 }
 
-func (OpenAIChat) WriteError(w http.ResponseWriter, err *Error) {
-	_ = writeJSON(w, err.Status, map[string]any{"error": chatErrorBody(err)})
+func (Chat) WriteError(w http.ResponseWriter, err *proxy.Error) {
+	_ = proxy.WriteJSON(w, err.Status, map[string]any{"error": chatErrorBody(err)})
 }
 
-func (OpenAIChat) WriteModels(w http.ResponseWriter, models []string) {
+func (Chat) WriteModels(w http.ResponseWriter, models []string) {
 	data := []map[string]any{}
 	for _, m := range models {
 		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "floe"})
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	_ = proxy.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

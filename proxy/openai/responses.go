@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bytes"
@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/floe-rl/floe/proxy"
 )
 
-var _ Dialect = Responses{}
+var _ proxy.Dialect = Responses{}
 
 // Responses is the OpenAI Responses API (POST /v1/responses) as the Codex CLI speaks it:
 // stateless (store: false), the whole history in input on every call.
@@ -70,28 +72,28 @@ type responsesState struct {
 
 // respObject decodes a JSON object; null or absent gives nil.
 func respObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if jsonIsNull(raw) {
+	if proxy.JSONIsNull(raw) {
 		return nil, nil
 	}
 	var m map[string]json.RawMessage
-	if jsonKind(raw) != '{' || json.Unmarshal(raw, &m) != nil {
-		return nil, invalidRequest("%s must be an object", field)
+	if proxy.JSONKind(raw) != '{' || json.Unmarshal(raw, &m) != nil {
+		return nil, proxy.InvalidRequest("%s must be an object", field)
 	}
 	return m, nil
 }
 
 func respArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
 	var a []json.RawMessage
-	if jsonKind(raw) != '[' || json.Unmarshal(raw, &a) != nil {
-		return nil, invalidRequest("%s must be an array", field)
+	if proxy.JSONKind(raw) != '[' || json.Unmarshal(raw, &a) != nil {
+		return nil, proxy.InvalidRequest("%s must be an array", field)
 	}
 	return a, nil
 }
 
 func respString(raw json.RawMessage, field string) (string, error) {
 	var s string
-	if jsonKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", invalidRequest("%s must be a string", field)
+	if proxy.JSONKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", proxy.InvalidRequest("%s must be a string", field)
 	}
 	return s, nil
 }
@@ -99,7 +101,7 @@ func respString(raw json.RawMessage, field string) (string, error) {
 // respOptString decodes an optional string field of obj; absent or null gives "".
 func respOptString(obj map[string]json.RawMessage, key, field string) (string, error) {
 	raw, ok := obj[key]
-	if !ok || jsonIsNull(raw) {
+	if !ok || proxy.JSONIsNull(raw) {
 		return "", nil
 	}
 	return respString(raw, field)
@@ -108,7 +110,7 @@ func respOptString(obj map[string]json.RawMessage, key, field string) (string, e
 func respBool(raw json.RawMessage, field string) (bool, error) {
 	var b bool
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, invalidRequest("%s must be a boolean", field)
+		return false, proxy.InvalidRequest("%s must be a boolean", field)
 	}
 	return b, nil
 }
@@ -116,7 +118,7 @@ func respBool(raw json.RawMessage, field string) (bool, error) {
 func respFloat(raw json.RawMessage, field string) (float64, error) {
 	var f float64
 	if err := json.Unmarshal(raw, &f); err != nil {
-		return 0, invalidRequest("%s must be a number", field)
+		return 0, proxy.InvalidRequest("%s must be a number", field)
 	}
 	return f, nil
 }
@@ -124,41 +126,41 @@ func respFloat(raw json.RawMessage, field string) (float64, error) {
 func respInt(raw json.RawMessage, field string) (int, error) {
 	var n int
 	if err := json.Unmarshal(raw, &n); err != nil {
-		return 0, invalidRequest("%s must be an integer", field)
+		return 0, proxy.InvalidRequest("%s must be an integer", field)
 	}
 	return n, nil
 }
 
 // Decode parses a Responses request into the normalized Chat request.
-func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
-	if jsonKind(body) != '{' {
-		return nil, invalidRequest("the request body must be a JSON object")
+func (Responses) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
+	if proxy.JSONKind(body) != '{' {
+		return nil, proxy.InvalidRequest("the request body must be a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, invalidRequest("malformed JSON body: %v", err)
+		return nil, proxy.InvalidRequest("malformed JSON body: %v", err)
 	}
 	get := func(key string) (json.RawMessage, bool) {
 		raw, ok := top[key]
-		if !ok || jsonIsNull(raw) {
+		if !ok || proxy.JSONIsNull(raw) {
 			return nil, false
 		}
 		return raw, true
 	}
 
 	st := &responsesState{parallelToolCalls: true}
-	req := &Request{State: st}
+	req := &proxy.Request{State: st}
 
 	raw, ok := get("model")
 	if !ok {
-		return nil, invalidRequest("model is required")
+		return nil, proxy.InvalidRequest("model is required")
 	}
 	model, err := respString(raw, "model")
 	if err != nil {
 		return nil, err
 	}
 	if model == "" {
-		return nil, invalidRequest("model is required")
+		return nil, proxy.InvalidRequest("model is required")
 	}
 	req.Model, req.Chat.Model = model, model
 
@@ -166,31 +168,31 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 		if id, err := respString(raw, "previous_response_id"); err != nil {
 			return nil, err
 		} else if id != "" {
-			return nil, invalidRequest("previous_response_id is not supported: floe keeps no responses; send store: false and the full history in input")
+			return nil, proxy.InvalidRequest("previous_response_id is not supported: floe keeps no responses; send store: false and the full history in input")
 		}
 	}
 
-	var msgs []ChatMessage
+	var msgs []proxy.ChatMessage
 	if raw, ok := get("instructions"); ok {
 		s, err := respString(raw, "instructions")
 		if err != nil {
 			return nil, err
 		}
 		st.instructions = &s
-		msgs = append(msgs, ChatMessage{Role: "system", Content: s})
+		msgs = append(msgs, proxy.ChatMessage{Role: "system", Content: s})
 	}
 
 	raw, ok = get("input")
 	if !ok {
-		return nil, invalidRequest("input is required")
+		return nil, proxy.InvalidRequest("input is required")
 	}
-	switch jsonKind(raw) {
+	switch proxy.JSONKind(raw) {
 	case '"':
 		s, err := respString(raw, "input")
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, ChatMessage{Role: "user", Content: s})
+		msgs = append(msgs, proxy.ChatMessage{Role: "user", Content: s})
 	case '[':
 		items, err := respArray(raw, "input")
 		if err != nil {
@@ -205,10 +207,10 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 		b.closeTurn()
 		msgs = b.msgs
 	default:
-		return nil, invalidRequest("input must be a string or an array of items")
+		return nil, proxy.InvalidRequest("input must be a string or an array of items")
 	}
 	if len(msgs) == 0 {
-		return nil, invalidRequest("input has no messages")
+		return nil, proxy.InvalidRequest("input has no messages")
 	}
 	req.Chat.Messages = msgs
 
@@ -254,7 +256,7 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 			return nil, err
 		}
 		if n < 1 {
-			return nil, invalidRequest("max_output_tokens must be at least 1")
+			return nil, proxy.InvalidRequest("max_output_tokens must be at least 1")
 		}
 		st.maxOutputTokens = &n
 		req.Chat.MaxCompletionTokens = &n
@@ -328,12 +330,12 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 // respBuilder turns input items into Chat messages, gathering one assistant turn — the
 // reasoning, message and function_call items of one model call — into one message.
 type respBuilder struct {
-	msgs []ChatMessage
+	msgs []proxy.ChatMessage
 	// The open assistant turn.
 	open      bool
 	reasoning strings.Builder
 	content   strings.Builder
-	calls     []ChatToolCall
+	calls     []proxy.ChatToolCall
 }
 
 func (b *respBuilder) turn() { b.open = true }
@@ -342,7 +344,7 @@ func (b *respBuilder) closeTurn() {
 	if !b.open {
 		return
 	}
-	b.msgs = append(b.msgs, ChatMessage{
+	b.msgs = append(b.msgs, proxy.ChatMessage{
 		Role:             "assistant",
 		Content:          b.content.String(),
 		ToolCalls:        b.calls,
@@ -354,7 +356,7 @@ func (b *respBuilder) closeTurn() {
 	b.calls = nil
 }
 
-func (b *respBuilder) add(m ChatMessage) {
+func (b *respBuilder) add(m proxy.ChatMessage) {
 	b.closeTurn()
 	b.msgs = append(b.msgs, m)
 }
@@ -365,7 +367,7 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 		return err
 	}
 	if it == nil {
-		return invalidRequest("%s must be an object", field)
+		return proxy.InvalidRequest("%s must be an object", field)
 	}
 	typ, err := respOptString(it, "type", field+".type")
 	if err != nil {
@@ -373,7 +375,7 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 	}
 	if typ == "" {
 		if _, ok := it["role"]; !ok {
-			return invalidRequest("%s.type is required", field)
+			return proxy.InvalidRequest("%s.type is required", field)
 		}
 		typ = "message" // EasyInputMessage: {role, content}
 	}
@@ -384,8 +386,8 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			return err
 		}
 		content, ok := it["content"]
-		if !ok || jsonIsNull(content) {
-			return invalidRequest("%s.content is required", field)
+		if !ok || proxy.JSONIsNull(content) {
+			return proxy.InvalidRequest("%s.content is required", field)
 		}
 		switch role {
 		case "assistant":
@@ -400,17 +402,17 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			if err != nil {
 				return err
 			}
-			b.add(ChatMessage{Role: "system", Content: text})
+			b.add(proxy.ChatMessage{Role: "system", Content: text})
 		case "user":
 			c, err := respUserContent(content, field+".content")
 			if err != nil {
 				return err
 			}
-			b.add(ChatMessage{Role: "user", Content: c})
+			b.add(proxy.ChatMessage{Role: "user", Content: c})
 		case "":
-			return invalidRequest("%s.role is required", field)
+			return proxy.InvalidRequest("%s.role is required", field)
 		default:
-			return invalidRequest("%s.role must be user, assistant, system or developer, not %q", field, role)
+			return proxy.InvalidRequest("%s.role must be user, assistant, system or developer, not %q", field, role)
 		}
 	case "function_call":
 		callID, err := respOptString(it, "call_id", field+".call_id")
@@ -418,18 +420,18 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			return err
 		}
 		if callID == "" {
-			return invalidRequest("%s.call_id is required", field)
+			return proxy.InvalidRequest("%s.call_id is required", field)
 		}
 		name, err := respOptString(it, "name", field+".name")
 		if err != nil {
 			return err
 		}
 		if name == "" {
-			return invalidRequest("%s.name is required", field)
+			return proxy.InvalidRequest("%s.name is required", field)
 		}
 		var args string
-		if raw, ok := it["arguments"]; ok && !jsonIsNull(raw) {
-			if jsonKind(raw) == '"' {
+		if raw, ok := it["arguments"]; ok && !proxy.JSONIsNull(raw) {
+			if proxy.JSONKind(raw) == '"' {
 				if args, err = respString(raw, field+".arguments"); err != nil {
 					return err
 				}
@@ -438,20 +440,20 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 			}
 		}
 		b.turn()
-		b.calls = append(b.calls, ChatToolCall{ID: callID, Type: "function", Function: ChatFunctionCall{Name: name, Arguments: args}})
+		b.calls = append(b.calls, proxy.ChatToolCall{ID: callID, Type: "function", Function: proxy.ChatFunctionCall{Name: name, Arguments: args}})
 	case "function_call_output":
 		callID, err := respOptString(it, "call_id", field+".call_id")
 		if err != nil {
 			return err
 		}
 		if callID == "" {
-			return invalidRequest("%s.call_id is required", field)
+			return proxy.InvalidRequest("%s.call_id is required", field)
 		}
 		out, err := respToolOutput(it["output"], field+".output")
 		if err != nil {
 			return err
 		}
-		b.add(ChatMessage{Role: "tool", Content: out, ToolCallID: callID})
+		b.add(proxy.ChatMessage{Role: "tool", Content: out, ToolCallID: callID})
 	case "reasoning":
 		text, exact, err := respReasoningText(it, field)
 		if err != nil {
@@ -477,12 +479,12 @@ func respReasoningText(it map[string]json.RawMessage, field string) (string, boo
 	if err != nil {
 		return "", false, err
 	}
-	if s, ok := reasoningFromSignature(enc); ok {
+	if s, ok := proxy.ReasoningFromSignature(enc); ok {
 		return s, true, nil
 	}
 	join := func(key, sep string) (string, error) {
 		raw, ok := it[key]
-		if !ok || jsonIsNull(raw) {
+		if !ok || proxy.JSONIsNull(raw) {
 			return "", nil
 		}
 		parts, err := respArray(raw, field+"."+key)
@@ -526,15 +528,15 @@ type respPart struct {
 // respContentParts decodes a string or a content list into its text and image parts, in
 // order; unsupported part types are dropped.
 func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
-	if jsonKind(raw) == '"' {
+	if proxy.JSONKind(raw) == '"' {
 		s, err := respString(raw, field)
 		if err != nil {
 			return nil, err
 		}
 		return []respPart{{text: s}}, nil
 	}
-	if jsonKind(raw) != '[' {
-		return nil, invalidRequest("%s must be a string or an array of content parts", field)
+	if proxy.JSONKind(raw) != '[' {
+		return nil, proxy.InvalidRequest("%s must be a string or an array of content parts", field)
 	}
 	items, err := respArray(raw, field)
 	if err != nil {
@@ -548,7 +550,7 @@ func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
 			return nil, err
 		}
 		if po == nil {
-			return nil, invalidRequest("%s must be an object", pf)
+			return nil, proxy.InvalidRequest("%s must be an object", pf)
 		}
 		typ, err := respOptString(po, "type", pf+".type")
 		if err != nil {
@@ -582,10 +584,10 @@ func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
 
 func respImageURL(po map[string]json.RawMessage, pf string) (string, error) {
 	raw, ok := po["image_url"]
-	if !ok || jsonIsNull(raw) {
-		return "", invalidRequest("%s.image_url is required (file_id is not supported)", pf)
+	if !ok || proxy.JSONIsNull(raw) {
+		return "", proxy.InvalidRequest("%s.image_url is required (file_id is not supported)", pf)
 	}
-	if jsonKind(raw) == '{' { // lenient: Chat's {"url": ...}
+	if proxy.JSONKind(raw) == '{' { // lenient: Chat's {"url": ...}
 		o, err := respObject(raw, pf+".image_url")
 		if err != nil {
 			return "", err
@@ -597,7 +599,7 @@ func respImageURL(po map[string]json.RawMessage, pf string) (string, error) {
 		return "", err
 	}
 	if url == "" {
-		return "", invalidRequest("%s.image_url is required", pf)
+		return "", proxy.InvalidRequest("%s.image_url is required", pf)
 	}
 	return url, nil
 }
@@ -636,12 +638,12 @@ func respUserContent(raw json.RawMessage, field string) (any, error) {
 		}
 		return strings.Join(texts, "\n"), nil
 	}
-	out := make([]ChatPart, len(parts))
+	out := make([]proxy.ChatPart, len(parts))
 	for i, p := range parts {
 		if p.image != "" {
-			out[i] = ChatPart{Type: "image_url", ImageURL: &ChatImageURL{URL: p.image}}
+			out[i] = proxy.ChatPart{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: p.image}}
 		} else {
-			out[i] = ChatPart{Type: "text", Text: p.text}
+			out[i] = proxy.ChatPart{Type: "text", Text: p.text}
 		}
 	}
 	return out, nil
@@ -649,7 +651,7 @@ func respUserContent(raw json.RawMessage, field string) (any, error) {
 
 // respToolOutput reduces a function_call_output's output to the tool message's string.
 func respToolOutput(raw json.RawMessage, field string) (string, error) {
-	switch jsonKind(raw) {
+	switch proxy.JSONKind(raw) {
 	case 0, 'n':
 		return "", nil
 	case '"':
@@ -661,7 +663,7 @@ func respToolOutput(raw json.RawMessage, field string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if c, ok := o["content"]; ok && jsonKind(c) == '"' {
+		if c, ok := o["content"]; ok && proxy.JSONKind(c) == '"' {
 			return respString(c, field+".content")
 		}
 	}
@@ -669,20 +671,20 @@ func respToolOutput(raw json.RawMessage, field string) (string, error) {
 }
 
 // respTool converts a function tool; other tool types give nil (not forwarded).
-func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
+func respTool(raw json.RawMessage, field string) (*proxy.ChatTool, error) {
 	t, err := respObject(raw, field)
 	if err != nil {
 		return nil, err
 	}
 	if t == nil {
-		return nil, invalidRequest("%s must be an object", field)
+		return nil, proxy.InvalidRequest("%s must be an object", field)
 	}
 	typ, err := respOptString(t, "type", field+".type")
 	if err != nil {
 		return nil, err
 	}
 	if typ == "" {
-		return nil, invalidRequest("%s.type is required", field)
+		return nil, proxy.InvalidRequest("%s.type is required", field)
 	}
 	if typ != "function" {
 		return nil, nil // web_search, local_shell, custom, namespace, file_search …
@@ -697,32 +699,32 @@ func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
 		}
 	}
 	if src == nil {
-		return nil, invalidRequest("%s.name is required", field)
+		return nil, proxy.InvalidRequest("%s.name is required", field)
 	}
 	name, err := respOptString(src, "name", srcField+".name")
 	if err != nil {
 		return nil, err
 	}
 	if name == "" {
-		return nil, invalidRequest("%s.name is required", srcField)
+		return nil, proxy.InvalidRequest("%s.name is required", srcField)
 	}
 	desc, err := respOptString(src, "description", srcField+".description")
 	if err != nil {
 		return nil, err
 	}
 	var params json.RawMessage
-	if p, ok := src["parameters"]; ok && !jsonIsNull(p) {
-		if jsonKind(p) != '{' {
-			return nil, invalidRequest("%s.parameters must be an object", srcField)
+	if p, ok := src["parameters"]; ok && !proxy.JSONIsNull(p) {
+		if proxy.JSONKind(p) != '{' {
+			return nil, proxy.InvalidRequest("%s.parameters must be an object", srcField)
 		}
 		params = append(json.RawMessage(nil), bytes.TrimSpace(p)...)
 	}
-	return &ChatTool{Type: "function", Function: ChatFunction{Name: name, Description: desc, Parameters: params}}, nil
+	return &proxy.ChatTool{Type: "function", Function: proxy.ChatFunction{Name: name, Description: desc, Parameters: params}}, nil
 }
 
 // respToolChoice normalizes tool_choice; nil means "not forwarded".
 func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
-	switch jsonKind(raw) {
+	switch proxy.JSONKind(raw) {
 	case '"':
 		s, err := respString(raw, "tool_choice")
 		if err != nil {
@@ -732,7 +734,7 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 		case "auto", "none", "required":
 			return json.RawMessage(`"` + s + `"`), nil
 		}
-		return nil, invalidRequest("tool_choice must be auto, none, required or an object, not %q", s)
+		return nil, proxy.InvalidRequest("tool_choice must be auto, none, required or an object, not %q", s)
 	case '{':
 		o, err := respObject(raw, "tool_choice")
 		if err != nil {
@@ -749,7 +751,7 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 				return nil, err
 			}
 			if name == "" {
-				return nil, invalidRequest("tool_choice.name is required")
+				return nil, proxy.InvalidRequest("tool_choice.name is required")
 			}
 			b, _ := json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": name}})
 			return b, nil
@@ -764,11 +766,11 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 			}
 			return json.RawMessage(`"auto"`), nil
 		case "":
-			return nil, invalidRequest("tool_choice.type is required")
+			return nil, proxy.InvalidRequest("tool_choice.type is required")
 		}
 		return nil, nil // a hosted or custom tool: not forwarded, so neither is the choice
 	}
-	return nil, invalidRequest("tool_choice must be a string or an object")
+	return nil, proxy.InvalidRequest("tool_choice must be a string or an object")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -873,7 +875,7 @@ func respID(prefix string) string {
 }
 
 // respNewObject starts a Response object for req with the caller's settings echoed.
-func respNewObject(req *Request, status string) *responsesObject {
+func respNewObject(req *proxy.Request, status string) *responsesObject {
 	o := &responsesObject{
 		ID:                respID("resp_"),
 		Object:            "response",
@@ -915,12 +917,12 @@ func respNewObject(req *Request, status string) *responsesObject {
 }
 
 // finish sets the terminal status of o from the finish reason and usage.
-func (o *responsesObject) finish(finishReason string, usage Usage) {
+func (o *responsesObject) finish(finishReason string, usage proxy.Usage) {
 	switch finishReason {
-	case FinishLength:
+	case proxy.FinishLength:
 		o.Status = "incomplete"
 		o.IncompleteDetails = &respIncomplete{Reason: "max_output_tokens"}
-	case FinishFilter:
+	case proxy.FinishFilter:
 		o.Status = "incomplete"
 		o.IncompleteDetails = &respIncomplete{Reason: "content_filter"}
 	default:
@@ -932,7 +934,7 @@ func (o *responsesObject) finish(finishReason string, usage Usage) {
 	o.Usage = &u
 }
 
-func respUsageOf(u Usage) respUsage {
+func respUsageOf(u proxy.Usage) respUsage {
 	total := u.TotalTokens
 	if total == 0 {
 		total = u.PromptTokens + u.CompletionTokens
@@ -942,22 +944,22 @@ func respUsageOf(u Usage) respUsage {
 
 // respItemStatus is the status of the last output item: incomplete when the answer was cut.
 func respItemStatus(finishReason string) string {
-	if finishReason == FinishLength || finishReason == FinishFilter {
+	if finishReason == proxy.FinishLength || finishReason == proxy.FinishFilter {
 		return "incomplete"
 	}
 	return "completed"
 }
 
 func respEncrypt(reasoning string) *string {
-	s := reasoningSignature(reasoning)
+	s := proxy.ReasoningSignature(reasoning)
 	return &s
 }
 
 // WriteResponse writes a complete answer as a Response object.
-func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+func (Responses) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
 	o := respNewObject(req, "completed")
-	var usage Usage
-	finish := FinishStop
+	var usage proxy.Usage
+	finish := proxy.FinishStop
 	if res != nil {
 		usage = res.Usage
 		if len(res.Choices) > 0 {
@@ -971,7 +973,7 @@ func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 					EncryptedContent: respEncrypt(msg.ReasoningContent),
 				})
 			}
-			if text := contentText(msg.Content); text != "" {
+			if text := proxy.ContentText(msg.Content); text != "" {
 				o.Output = append(o.Output, &respMessageItem{
 					ID: respID("msg_"), Type: "message", Status: "completed", Role: "assistant",
 					Content: []respOutputText{{Type: "output_text", Text: text, Annotations: []any{}}},
@@ -998,25 +1000,25 @@ func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 		}
 	}
 	o.finish(finish, usage)
-	return writeJSON(w, http.StatusOK, o)
+	return proxy.WriteJSON(w, http.StatusOK, o)
 }
 
 // ---------------------------------------------------------------------------------------
 // Errors and models
 
-func respErrorShape(err *Error) (status int, typ, code, message string) {
+func respErrorShape(err *proxy.Error) (status int, typ, code, message string) {
 	status = err.Status
 	message = err.Message
 	switch err.Kind {
-	case ErrInvalidRequest:
+	case proxy.ErrInvalidRequest:
 		status, typ = respOr(status, http.StatusBadRequest), "invalid_request_error"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		status, typ, code = respOr(status, http.StatusUnauthorized), "invalid_request_error", "invalid_api_key"
-	case ErrNotFound:
+	case proxy.ErrNotFound:
 		status, typ = respOr(status, http.StatusNotFound), "invalid_request_error"
-	case ErrTooLarge:
+	case proxy.ErrTooLarge:
 		status, typ = respOr(status, http.StatusRequestEntityTooLarge), "invalid_request_error"
-	case ErrContextLength:
+	case proxy.ErrContextLength:
 		status, typ, code = respOr(status, http.StatusBadRequest), "invalid_request_error", "context_length_exceeded"
 		message = responsesContextMessage
 		switch {
@@ -1027,9 +1029,9 @@ func respErrorShape(err *Error) (status int, typ, code, message string) {
 		case err.MaxTokens > 0:
 			message += fmt.Sprintf(" The context window is %d tokens.", err.MaxTokens)
 		}
-	case ErrUpstreamUnavailable:
+	case proxy.ErrUpstreamUnavailable:
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_error"
-	case ErrOverloaded:
+	case proxy.ErrOverloaded:
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_is_overloaded"
 	default:
 		status, typ, code = respOr(status, http.StatusInternalServerError), "server_error", "server_error"
@@ -1045,16 +1047,16 @@ func respOr(status, def int) int {
 }
 
 // WriteError writes err as OpenAI's {"error": {message, type, param, code}}.
-func (Responses) WriteError(w http.ResponseWriter, err *Error) {
+func (Responses) WriteError(w http.ResponseWriter, err *proxy.Error) {
 	if err == nil {
-		err = &Error{Kind: ErrInternal, Message: "unknown error"}
+		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "unknown error"}
 	}
 	status, typ, code, message := respErrorShape(err)
 	var c *string
 	if code != "" {
 		c = &code
 	}
-	_ = writeJSON(w, status, map[string]any{"error": map[string]any{
+	_ = proxy.WriteJSON(w, status, map[string]any{"error": map[string]any{
 		"message": message, "type": typ, "param": nil, "code": c,
 	}})
 }
@@ -1065,7 +1067,7 @@ func (Responses) WriteModels(w http.ResponseWriter, models []string) {
 	for _, m := range models {
 		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "floe"})
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	_ = proxy.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1076,7 +1078,7 @@ func (Responses) WriteModels(w http.ResponseWriter, models []string) {
 // reasoning, message and function_call items one after another, each as
 // output_item.added … output_item.done.
 type responsesStream struct {
-	sse    *sseWriter
+	sse    *proxy.SSEWriter
 	obj    *responsesObject
 	seq    int
 	err    error
@@ -1106,8 +1108,8 @@ const (
 )
 
 // NewStream sends the SSE headers, response.created and response.in_progress.
-func (Responses) NewStream(w http.ResponseWriter, req *Request) Stream {
-	s := &responsesStream{sse: newSSE(w), obj: respNewObject(req, "in_progress"), calls: map[int]*respStreamCall{}}
+func (Responses) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
+	s := &responsesStream{sse: proxy.NewSSE(w), obj: respNewObject(req, "in_progress"), calls: map[int]*respStreamCall{}}
 	s.emit("response.created", map[string]any{"response": s.obj})
 	s.emit("response.in_progress", map[string]any{"response": s.obj})
 	return s
@@ -1120,7 +1122,7 @@ func (s *responsesStream) emit(typ string, ev map[string]any) {
 	ev["type"] = typ
 	ev["sequence_number"] = s.seq
 	s.seq++
-	s.err = s.sse.event(typ, ev)
+	s.err = s.sse.Event(typ, ev)
 }
 
 // open appends item to the output and announces it.
@@ -1167,7 +1169,7 @@ func (s *responsesStream) close(status string) {
 }
 
 // Delta streams one increment: reasoning, then text, then tool-call fragments.
-func (s *responsesStream) Delta(d Delta) error {
+func (s *responsesStream) Delta(d proxy.Delta) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: delta after the end")
 	}
@@ -1222,7 +1224,7 @@ func (s *responsesStream) Delta(d Delta) error {
 
 // End closes the open item and sends response.completed, or response.incomplete when the
 // answer was cut by the token limit or a content filter.
-func (s *responsesStream) End(finishReason string, usage Usage) error {
+func (s *responsesStream) End(finishReason string, usage proxy.Usage) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: already ended")
 	}
@@ -1239,19 +1241,19 @@ func (s *responsesStream) End(finishReason string, usage Usage) error {
 
 // Fail sends response.failed with the error's code, which Codex classifies
 // (context_length_exceeded ends the turn as a full context window; others are retried).
-func (s *responsesStream) Fail(err *Error) error {
+func (s *responsesStream) Fail(err *proxy.Error) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: already ended")
 	}
 	s.ended = true
 	if err == nil {
-		err = &Error{Kind: ErrInternal, Message: "unknown error"}
+		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "unknown error"}
 	}
 	_, _, code, message := respErrorShape(err)
 	switch err.Kind {
-	case ErrInvalidRequest, ErrTooLarge, ErrNotFound:
+	case proxy.ErrInvalidRequest, proxy.ErrTooLarge, proxy.ErrNotFound:
 		code = "invalid_prompt"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		code = "unauthorized"
 	}
 	s.obj.Status = "failed"

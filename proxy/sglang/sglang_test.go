@@ -1,4 +1,4 @@
-package proxy
+package sglang
 
 import (
 	"context"
@@ -15,6 +15,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/anthropic"
+	"github.com/floe-rl/floe/proxy/internal/upstream"
+	"github.com/floe-rl/floe/proxy/openai"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -42,7 +46,7 @@ type fakeSGLang struct {
 // sglAnswer is one choice as the engine generated it.
 type sglAnswer struct {
 	reasoning, content string
-	calls              []ChatToolCall
+	calls              []proxy.ChatToolCall
 	ids                []int32
 	logprobs           []float64
 	finish             string
@@ -51,7 +55,7 @@ type sglAnswer struct {
 func sglDefaultAnswer() sglAnswer {
 	return sglAnswer{
 		reasoning: "think", content: "Hello",
-		calls:    []ChatToolCall{{ID: "call_0a1b", Type: "function", Function: ChatFunctionCall{Name: "read_file", Arguments: `{"path":"a.txt"}`}}},
+		calls:    []proxy.ChatToolCall{{ID: "call_0a1b", Type: "function", Function: proxy.ChatFunctionCall{Name: "read_file", Arguments: `{"path":"a.txt"}`}}},
 		ids:      []int32{10, 11, 12, 13, 14, 15, 16, 17, 18},
 		logprobs: []float64{-0.1, -0.2, -0.3, -0.4, -0.5, -0.6, -0.7, -0.8, 0},
 		finish:   "tool_calls",
@@ -172,7 +176,7 @@ func sglChoice(resp map[string]any, i int) map[string]any {
 type sglFixture struct {
 	up    *fakeSGLang
 	store *mem.Store
-	srv   *Server
+	srv   *proxy.Server
 	url   string
 }
 
@@ -182,8 +186,8 @@ func newSGLFixture(t *testing.T, up *fakeSGLang) *sglFixture {
 	t.Cleanup(upstream.Close)
 	f := &sglFixture{up: up, store: &mem.Store{}}
 	f.store.AddSession("key-1", "sess-1")
-	f.srv = &Server{
-		Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: &SGLang{BaseURL: upstream.URL},
+	f.srv = &proxy.Server{
+		Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: &Engine{BaseURL: upstream.URL},
 		Sessions: f.store, Recorder: f.store, Log: slog.New(slog.DiscardHandler),
 	}
 	ts := httptest.NewServer(f.srv)
@@ -230,7 +234,7 @@ func chatEvents(t *testing.T, body string) []string {
 				Delta        map[string]any `json:"delta"`
 				FinishReason *string        `json:"finish_reason"`
 			} `json:"choices"`
-			Usage *Usage `json:"usage"`
+			Usage *proxy.Usage `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			t.Fatalf("chunk %s: %v", data, err)
@@ -346,7 +350,7 @@ func TestSGLangStreamingCallerIsServedFromOneNonStreamingCall(t *testing.T) {
 				if !reflect.DeepEqual(a, b) {
 					t.Errorf("the streamed call is recorded differently:\n%+v\n%+v", a, b)
 				}
-				var msg ChatMessage
+				var msg proxy.ChatMessage
 				if err := json.Unmarshal(a.Response, &msg); err != nil || msg.ReasoningContent != "think" || msg.Content != "Hello" ||
 					len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Function.Arguments != `{"path":"a.txt"}` {
 					t.Errorf("recorded message %s (%v)", a.Response, err)
@@ -478,11 +482,11 @@ func TestSGLangContextLengthErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := sglangError(http.StatusBadRequest, []byte(tt.errBody))
-			if got.Kind != ErrContextLength || got.Status != http.StatusBadRequest || got.PromptTokens != tt.prompt || got.MaxTokens != tt.max {
+			if got.Kind != proxy.ErrContextLength || got.Status != http.StatusBadRequest || got.PromptTokens != tt.prompt || got.MaxTokens != tt.max {
 				t.Errorf("sglangError = %+v; want a 400 context-length error of %d prompt tokens, limit %d", got, tt.prompt, tt.max)
 			}
 			if tt.vllmMessage != "" {
-				vllm := upstreamError(http.StatusBadRequest, fmt.Appendf(nil, `{"object":"error","message":%q,"type":"BadRequestError","code":400}`, tt.vllmMessage))
+				vllm := upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil, `{"object":"error","message":%q,"type":"BadRequestError","code":400}`, tt.vllmMessage))
 				if !reflect.DeepEqual(got, vllm) {
 					t.Errorf("mapped differently from vLLM's overflow:\n sglang %+v\n   vllm %+v", got, vllm)
 				}
@@ -543,10 +547,10 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there now
-	engine := &SGLang{BaseURL: "http://" + addr}
+	engine := &Engine{BaseURL: "http://" + addr}
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: engine,
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: engine,
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	tests := []struct{ path, body, want string }{
@@ -569,10 +573,10 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	}
 	ctx := context.Background()
 	_, errModels := engine.Models(ctx)
-	_, errCount := (&SGLang{BaseURL: "http://" + addr, Model: "m"}).CountTokens(ctx, &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}}})
+	_, errCount := (&Engine{BaseURL: "http://" + addr, Model: "m"}).CountTokens(ctx, &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}}})
 	for name, err := range map[string]error{"Models": errModels, "CountTokens": errCount} {
-		var e *Error
-		if !errors.As(err, &e) || e.Kind != ErrUpstreamUnavailable || e.Status != http.StatusBadGateway {
+		var e *proxy.Error
+		if !errors.As(err, &e) || e.Kind != proxy.ErrUpstreamUnavailable || e.Status != http.StatusBadGateway {
 			t.Errorf("%s: %v; want a 502 upstream_unavailable", name, err)
 		}
 	}
@@ -596,7 +600,7 @@ func TestSGLangCountTokensAndModels(t *testing.T) {
 		t.Errorf("tokenize request %v: want the served model, the messages and the tools", sent)
 	}
 
-	n, err := f.srv.Engine.CountTokens(context.Background(), &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}},
+	n, err := f.srv.Engine.CountTokens(context.Background(), &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
 		ChatTemplateKwargs: map[string]any{"enable_thinking": false}})
 	if err != nil || n != 5 {
 		t.Errorf("CountTokens = %d, %v", n, err)
@@ -621,58 +625,32 @@ func TestSGLangCountTokensAndModels(t *testing.T) {
 // failingSink is a caller that has gone away.
 type failingSink struct{ deltas int }
 
-func (s *failingSink) Delta(Delta) error { s.deltas++; return errors.New("broken pipe") }
-func (s *failingSink) Flush()            {}
+func (s *failingSink) Delta(proxy.Delta) error { s.deltas++; return errors.New("broken pipe") }
+func (s *failingSink) Flush()                  {}
 
 func TestSGLangStreamToAGoneCallerReturnsTheAnswer(t *testing.T) {
 	up := newFakeSGLang(t, "response_token_ids")
 	upstream := httptest.NewServer(up.handler())
 	defer upstream.Close()
 	sink := &failingSink{}
-	res, err := (&SGLang{BaseURL: upstream.URL}).Stream(context.Background(), &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}}}, sink)
-	if !errors.Is(err, errCallerGone) || res == nil || len(res.Choices) != 1 || res.Choices[0].Problem != "" || sink.deltas != 1 {
+	res, err := (&Engine{BaseURL: upstream.URL}).Stream(context.Background(), &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}}}, sink)
+	if !errors.Is(err, proxy.ErrCallerGone) || res == nil || len(res.Choices) != 1 || res.Choices[0].Problem != "" || sink.deltas != 1 {
 		t.Fatalf("Stream = %+v, %v after %d deltas; want the whole answer and errCallerGone after the first delta", res, err, sink.deltas)
 	}
 }
 
 func TestAnswerDeltas(t *testing.T) {
-	msg := ChatMessage{Role: "assistant", Content: "Reading both.", ReasoningContent: "Need both.", ToolCalls: []ChatToolCall{
-		{ID: "a", Type: "function", Function: ChatFunctionCall{Name: "Read", Arguments: `{"p":1}`}},
-		{ID: "b", Type: "function", Function: ChatFunctionCall{Name: "Grep", Arguments: `{}`}},
+	msg := proxy.ChatMessage{Role: "assistant", Content: "Reading both.", ReasoningContent: "Need both.", ToolCalls: []proxy.ChatToolCall{
+		{ID: "a", Type: "function", Function: proxy.ChatFunctionCall{Name: "Read", Arguments: `{"p":1}`}},
+		{ID: "b", Type: "function", Function: proxy.ChatFunctionCall{Name: "Grep", Arguments: `{}`}},
 	}}
-	want := []Delta{{Reasoning: "Need both."}, {Content: "Reading both."},
-		{ToolCalls: []ToolCallDelta{{Index: 0, ID: "a", Name: "Read", Arguments: `{"p":1}`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 1, ID: "b", Name: "Grep", Arguments: `{}`}}}}
+	want := []proxy.Delta{{Reasoning: "Need both."}, {Content: "Reading both."},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "a", Name: "Read", Arguments: `{"p":1}`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "b", Name: "Grep", Arguments: `{}`}}}}
 	if got := answerDeltas(msg); !reflect.DeepEqual(got, want) {
 		t.Errorf("answerDeltas\n got %+v\nwant %+v", got, want)
 	}
-	if got := answerDeltas(ChatMessage{Role: "assistant", Content: ""}); len(got) != 0 {
+	if got := answerDeltas(proxy.ChatMessage{Role: "assistant", Content: ""}); len(got) != 0 {
 		t.Errorf("an empty answer gave deltas %+v", got)
-	}
-}
-
-func TestNewEngine(t *testing.T) {
-	tests := []struct {
-		kind    string
-		want    Engine
-		wantErr string
-	}{
-		{"vllm", &VLLM{BaseURL: "http://u", Model: "m"}, ""},
-		{"sglang", &SGLang{BaseURL: "http://u", Model: "m"}, ""},
-		{" SGLang ", &SGLang{BaseURL: "http://u", Model: "m"}, ""},
-		{"tgi", nil, `unknown inference engine "tgi": the supported engines are "vllm" and "sglang"`},
-		{"", nil, `the supported engines are "vllm" and "sglang"`},
-	}
-	for _, tt := range tests {
-		got, err := NewEngine(tt.kind, "http://u", "m")
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || got != nil {
-				t.Errorf("NewEngine(%q) = %v, %v; want an error saying %q", tt.kind, got, err, tt.wantErr)
-			}
-			continue
-		}
-		if err != nil || !reflect.DeepEqual(got, tt.want) {
-			t.Errorf("NewEngine(%q) = %#v, %v; want %#v", tt.kind, got, err, tt.want)
-		}
 	}
 }

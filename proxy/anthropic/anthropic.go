@@ -1,4 +1,6 @@
-package proxy
+// Package anthropic is the Anthropic Messages dialect of the proxy (POST /v1/messages,
+// /v1/messages/count_tokens, GET /v1/models).
+package anthropic
 
 import (
 	"bytes"
@@ -11,6 +13,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/floe-rl/floe/proxy"
 )
 
 // Anthropic is the Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens,
@@ -63,85 +67,85 @@ import (
 //     reads "input length and `max_tokens` exceed context limit: N + T > M, …" instead:
 //     Claude Code then retries with a smaller max_tokens, where "prompt is too long" would
 //     make it give up (its default max_tokens exceeds a 32k window by itself).
-type Anthropic struct{}
+type Dialect struct{}
 
 var (
-	_ Dialect      = Anthropic{}
-	_ TokenCounter = Anthropic{}
+	_ proxy.Dialect      = Dialect{}
+	_ proxy.TokenCounter = Dialect{}
 )
 
 // Name is the API kind recorded with each call.
-func (Anthropic) Name() string { return "anthropic" }
+func (Dialect) Name() string { return "anthropic" }
 
 // ---- decoding ----
 
 func anthObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if jsonKind(raw) != '{' {
-		return nil, invalidRequest("%s: expected an object", field)
+	if proxy.JSONKind(raw) != '{' {
+		return nil, proxy.InvalidRequest("%s: expected an object", field)
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, invalidRequest("%s: expected an object", field)
+		return nil, proxy.InvalidRequest("%s: expected an object", field)
 	}
 	return m, nil
 }
 
 func anthArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	if jsonKind(raw) != '[' {
-		return nil, invalidRequest("%s: expected an array", field)
+	if proxy.JSONKind(raw) != '[' {
+		return nil, proxy.InvalidRequest("%s: expected an array", field)
 	}
 	var a []json.RawMessage
 	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, invalidRequest("%s: expected an array", field)
+		return nil, proxy.InvalidRequest("%s: expected an array", field)
 	}
 	return a, nil
 }
 
 // anthString decodes an optional string; null or absent reads as "".
 func anthString(raw json.RawMessage, field string) (string, error) {
-	if jsonIsNull(raw) {
+	if proxy.JSONIsNull(raw) {
 		return "", nil
 	}
 	var s string
-	if jsonKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", invalidRequest("%s: expected a string", field)
+	if proxy.JSONKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", proxy.InvalidRequest("%s: expected a string", field)
 	}
 	return s, nil
 }
 
 // anthRequiredString decodes a string that must be present and non-empty.
 func anthRequiredString(raw json.RawMessage, field string) (string, error) {
-	if jsonIsNull(raw) {
-		return "", invalidRequest("%s: field required", field)
+	if proxy.JSONIsNull(raw) {
+		return "", proxy.InvalidRequest("%s: field required", field)
 	}
 	s, err := anthString(raw, field)
 	if err != nil {
 		return "", err
 	}
 	if s == "" {
-		return "", invalidRequest("%s: must not be empty", field)
+		return "", proxy.InvalidRequest("%s: must not be empty", field)
 	}
 	return s, nil
 }
 
 func anthBool(raw json.RawMessage, field string) (bool, error) {
-	if jsonIsNull(raw) {
+	if proxy.JSONIsNull(raw) {
 		return false, nil
 	}
 	var b bool
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, invalidRequest("%s: expected a boolean", field)
+		return false, proxy.InvalidRequest("%s: expected a boolean", field)
 	}
 	return b, nil
 }
 
 func anthNumber(raw json.RawMessage, field string) (*float64, error) {
-	if jsonIsNull(raw) {
+	if proxy.JSONIsNull(raw) {
 		return nil, nil
 	}
 	var f float64
-	if k := jsonKind(raw); !(k == '-' || (k >= '0' && k <= '9')) || json.Unmarshal(raw, &f) != nil {
-		return nil, invalidRequest("%s: expected a number", field)
+	if k := proxy.JSONKind(raw); !(k == '-' || (k >= '0' && k <= '9')) || json.Unmarshal(raw, &f) != nil {
+		return nil, proxy.InvalidRequest("%s: expected a number", field)
 	}
 	return &f, nil
 }
@@ -152,46 +156,46 @@ func anthInt(raw json.RawMessage, field string) (*int, error) {
 		return nil, err
 	}
 	if *f != math.Trunc(*f) || *f < 1 || *f > math.MaxInt32 {
-		return nil, invalidRequest("%s: expected a positive integer", field)
+		return nil, proxy.InvalidRequest("%s: expected a positive integer", field)
 	}
 	n := int(*f)
 	return &n, nil
 }
 
 // Decode parses a Messages (or count_tokens) request body.
-func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
-	if jsonKind(body) != '{' {
-		return nil, invalidRequest("request body: expected a JSON object")
+func (Dialect) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
+	if proxy.JSONKind(body) != '{' {
+		return nil, proxy.InvalidRequest("request body: expected a JSON object")
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, invalidRequest("request body: malformed JSON: %v", err)
+		return nil, proxy.InvalidRequest("request body: malformed JSON: %v", err)
 	}
 	model, err := anthRequiredString(top["model"], "model")
 	if err != nil {
 		return nil, err
 	}
-	chat := ChatRequest{Model: model}
+	chat := proxy.ChatRequest{Model: model}
 
-	if !jsonIsNull(top["system"]) {
+	if !proxy.JSONIsNull(top["system"]) {
 		sys, err := anthTextContent(top["system"], "system")
 		if err != nil {
 			return nil, err
 		}
 		if sys != "" {
-			chat.Messages = append(chat.Messages, ChatMessage{Role: "system", Content: sys})
+			chat.Messages = append(chat.Messages, proxy.ChatMessage{Role: "system", Content: sys})
 		}
 	}
 
-	if jsonIsNull(top["messages"]) {
-		return nil, invalidRequest("messages: field required")
+	if proxy.JSONIsNull(top["messages"]) {
+		return nil, proxy.InvalidRequest("messages: field required")
 	}
 	msgs, err := anthArray(top["messages"], "messages")
 	if err != nil {
 		return nil, err
 	}
 	if len(msgs) == 0 {
-		return nil, invalidRequest("messages: at least one message is required")
+		return nil, proxy.InvalidRequest("messages: at least one message is required")
 	}
 	for i, raw := range msgs {
 		out, err := anthDecodeMessage(raw, fmt.Sprintf("messages[%d]", i))
@@ -202,7 +206,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	}
 
 	forwarded := map[string]bool{}
-	if !jsonIsNull(top["tools"]) {
+	if !proxy.JSONIsNull(top["tools"]) {
 		tools, err := anthArray(top["tools"], "tools")
 		if err != nil {
 			return nil, err
@@ -219,7 +223,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 		}
 	}
 
-	if !jsonIsNull(top["tool_choice"]) {
+	if !proxy.JSONIsNull(top["tool_choice"]) {
 		choice, named, parallel, err := anthDecodeToolChoice(top["tool_choice"])
 		if err != nil {
 			return nil, err
@@ -242,7 +246,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	if _, err = anthNumber(top["top_k"], "top_k"); err != nil { // checked, not forwarded
 		return nil, err
 	}
-	if !jsonIsNull(top["stop_sequences"]) {
+	if !proxy.JSONIsNull(top["stop_sequences"]) {
 		stops, err := anthArray(top["stop_sequences"], "stop_sequences")
 		if err != nil {
 			return nil, err
@@ -258,7 +262,7 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 	if chat.Stream, err = anthBool(top["stream"], "stream"); err != nil {
 		return nil, err
 	}
-	if !jsonIsNull(top["thinking"]) {
+	if !proxy.JSONIsNull(top["thinking"]) {
 		th, err := anthObject(top["thinking"], "thinking")
 		if err != nil {
 			return nil, err
@@ -277,17 +281,17 @@ func (Anthropic) Decode(_ *http.Request, body []byte) (*Request, error) {
 			chat.ChatTemplateKwargs = map[string]any{"enable_thinking": false}
 		}
 	}
-	return &Request{Chat: chat, Model: model, Stream: chat.Stream}, nil
+	return &proxy.Request{Chat: chat, Model: model, Stream: chat.Stream}, nil
 }
 
 // anthTextContent reads a string or an array of text blocks (system content) as one string.
 func anthTextContent(raw json.RawMessage, field string) (string, error) {
-	if jsonKind(raw) == '"' {
+	if proxy.JSONKind(raw) == '"' {
 		return anthString(raw, field)
 	}
 	blocks, err := anthArray(raw, field)
 	if err != nil {
-		return "", invalidRequest("%s: expected a string or an array of content blocks", field)
+		return "", proxy.InvalidRequest("%s: expected a string or an array of content blocks", field)
 	}
 	var texts []string
 	for j, braw := range blocks {
@@ -320,9 +324,9 @@ func anthBlock(raw json.RawMessage, field string) (map[string]json.RawMessage, s
 
 // anthContentBlocks reads message content: a string is one text block.
 func anthContentBlocks(raw json.RawMessage, field string) (text string, blocks []json.RawMessage, isString bool, err error) {
-	switch jsonKind(raw) {
+	switch proxy.JSONKind(raw) {
 	case 0, 'n':
-		return "", nil, false, invalidRequest("%s: field required", field)
+		return "", nil, false, proxy.InvalidRequest("%s: field required", field)
 	case '"':
 		s, err := anthString(raw, field)
 		return s, nil, true, err
@@ -330,10 +334,10 @@ func anthContentBlocks(raw json.RawMessage, field string) (text string, blocks [
 		blocks, err := anthArray(raw, field)
 		return "", blocks, false, err
 	}
-	return "", nil, false, invalidRequest("%s: expected a string or an array of content blocks", field)
+	return "", nil, false, proxy.InvalidRequest("%s: expected a string or an array of content blocks", field)
 }
 
-func anthDecodeMessage(raw json.RawMessage, field string) ([]ChatMessage, error) {
+func anthDecodeMessage(raw json.RawMessage, field string) ([]proxy.ChatMessage, error) {
 	m, err := anthObject(raw, field)
 	if err != nil {
 		return nil, err
@@ -351,36 +355,36 @@ func anthDecodeMessage(raw json.RawMessage, field string) ([]ChatMessage, error)
 		if err != nil {
 			return nil, err
 		}
-		return []ChatMessage{msg}, nil
+		return []proxy.ChatMessage{msg}, nil
 	case "system": // not Anthropic, but tolerated
-		if jsonIsNull(m["content"]) {
-			return nil, invalidRequest("%s: field required", cf)
+		if proxy.JSONIsNull(m["content"]) {
+			return nil, proxy.InvalidRequest("%s: field required", cf)
 		}
 		s, err := anthTextContent(m["content"], cf)
 		if err != nil {
 			return nil, err
 		}
-		return []ChatMessage{{Role: "system", Content: s}}, nil
+		return []proxy.ChatMessage{{Role: "system", Content: s}}, nil
 	}
-	return nil, invalidRequest("%s.role: must be \"user\" or \"assistant\", got %q", field, role)
+	return nil, proxy.InvalidRequest("%s.role: must be \"user\" or \"assistant\", got %q", field, role)
 }
 
-func anthDecodeUser(raw json.RawMessage, field string) ([]ChatMessage, error) {
+func anthDecodeUser(raw json.RawMessage, field string) ([]proxy.ChatMessage, error) {
 	text, blocks, isString, err := anthContentBlocks(raw, field)
 	if err != nil {
 		return nil, err
 	}
 	if isString {
-		return []ChatMessage{{Role: "user", Content: text}}, nil
+		return []proxy.ChatMessage{{Role: "user", Content: text}}, nil
 	}
-	var out []ChatMessage
-	var parts []ChatPart
+	var out []proxy.ChatMessage
+	var parts []proxy.ChatPart
 	hasImage := false
 	flush := func() {
 		if len(parts) == 0 {
 			return
 		}
-		out = append(out, ChatMessage{Role: "user", Content: anthUserContent(parts, hasImage)})
+		out = append(out, proxy.ChatMessage{Role: "user", Content: anthUserContent(parts, hasImage)})
 		parts, hasImage = nil, false
 	}
 	for j, braw := range blocks {
@@ -395,20 +399,20 @@ func anthDecodeUser(raw json.RawMessage, field string) ([]ChatMessage, error) {
 			if err != nil {
 				return nil, err
 			}
-			parts = append(parts, ChatPart{Type: "text", Text: t})
+			parts = append(parts, proxy.ChatPart{Type: "text", Text: t})
 		case "image":
 			url, err := anthImageURL(b["source"], bf+".source")
 			if err != nil {
 				return nil, err
 			}
-			parts = append(parts, ChatPart{Type: "image_url", ImageURL: &ChatImageURL{URL: url}})
+			parts = append(parts, proxy.ChatPart{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: url}})
 			hasImage = true
 		case "document":
 			t, err := anthDocumentText(b, bf)
 			if err != nil {
 				return nil, err
 			}
-			parts = append(parts, ChatPart{Type: "text", Text: t})
+			parts = append(parts, proxy.ChatPart{Type: "text", Text: t})
 		case "tool_result":
 			flush()
 			msg, err := anthDecodeToolResult(b, bf)
@@ -420,13 +424,13 @@ func anthDecodeUser(raw json.RawMessage, field string) ([]ChatMessage, error) {
 	}
 	flush()
 	if len(out) == 0 {
-		out = append(out, ChatMessage{Role: "user", Content: ""})
+		out = append(out, proxy.ChatMessage{Role: "user", Content: ""})
 	}
 	return out, nil
 }
 
 // anthUserContent is a string when the parts are all text, else the parts.
-func anthUserContent(parts []ChatPart, hasImage bool) any {
+func anthUserContent(parts []proxy.ChatPart, hasImage bool) any {
 	if hasImage {
 		return parts
 	}
@@ -460,12 +464,12 @@ func anthImageURL(raw json.RawMessage, field string) (string, error) {
 	case "url":
 		return anthRequiredString(src["url"], field+".url")
 	}
-	return "", invalidRequest("%s.type: unsupported image source %q (want base64 or url)", field, typ)
+	return "", proxy.InvalidRequest("%s.type: unsupported image source %q (want base64 or url)", field, typ)
 }
 
 // anthDocumentText is a document block as text: its text source, else a placeholder.
 func anthDocumentText(b map[string]json.RawMessage, field string) (string, error) {
-	if jsonKind(b["source"]) == '{' {
+	if proxy.JSONKind(b["source"]) == '{' {
 		src, err := anthObject(b["source"], field+".source")
 		if err != nil {
 			return "", err
@@ -477,59 +481,59 @@ func anthDocumentText(b map[string]json.RawMessage, field string) (string, error
 	return "[document]", nil
 }
 
-func anthDecodeToolResult(b map[string]json.RawMessage, field string) (ChatMessage, error) {
+func anthDecodeToolResult(b map[string]json.RawMessage, field string) (proxy.ChatMessage, error) {
 	id, err := anthRequiredString(b["tool_use_id"], field+".tool_use_id")
 	if err != nil {
-		return ChatMessage{}, err
+		return proxy.ChatMessage{}, err
 	}
 	isErr, err := anthBool(b["is_error"], field+".is_error")
 	if err != nil {
-		return ChatMessage{}, err
+		return proxy.ChatMessage{}, err
 	}
 	var content string
 	cf := field + ".content"
-	switch jsonKind(b["content"]) {
+	switch proxy.JSONKind(b["content"]) {
 	case 0, 'n':
 	case '"':
 		content, err = anthString(b["content"], cf)
 		if err != nil {
-			return ChatMessage{}, err
+			return proxy.ChatMessage{}, err
 		}
 	case '[':
 		blocks, err := anthArray(b["content"], cf)
 		if err != nil {
-			return ChatMessage{}, err
+			return proxy.ChatMessage{}, err
 		}
 		var texts []string
 		for j, braw := range blocks {
 			bf := fmt.Sprintf("%s[%d]", cf, j)
 			cb, typ, err := anthBlock(braw, bf)
 			if err != nil {
-				return ChatMessage{}, err
+				return proxy.ChatMessage{}, err
 			}
 			switch typ {
 			case "text":
 				t, err := anthString(cb["text"], bf+".text")
 				if err != nil {
-					return ChatMessage{}, err
+					return proxy.ChatMessage{}, err
 				}
 				texts = append(texts, t)
 			case "image":
 				if _, err := anthImageURL(cb["source"], bf+".source"); err != nil {
-					return ChatMessage{}, err
+					return proxy.ChatMessage{}, err
 				}
 				texts = append(texts, "[image]")
 			case "document":
 				t, err := anthDocumentText(cb, bf)
 				if err != nil {
-					return ChatMessage{}, err
+					return proxy.ChatMessage{}, err
 				}
 				texts = append(texts, t)
 			}
 		}
 		content = strings.Join(texts, "\n")
 	default:
-		return ChatMessage{}, invalidRequest("%s: expected a string or an array of content blocks", cf)
+		return proxy.ChatMessage{}, proxy.InvalidRequest("%s: expected a string or an array of content blocks", cf)
 	}
 	if isErr {
 		if content == "" {
@@ -538,11 +542,11 @@ func anthDecodeToolResult(b map[string]json.RawMessage, field string) (ChatMessa
 			content = "Error: " + content
 		}
 	}
-	return ChatMessage{Role: "tool", Content: content, ToolCallID: id}, nil
+	return proxy.ChatMessage{Role: "tool", Content: content, ToolCallID: id}, nil
 }
 
-func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error) {
-	msg := ChatMessage{Role: "assistant", Content: ""}
+func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, error) {
+	msg := proxy.ChatMessage{Role: "assistant", Content: ""}
 	text, blocks, isString, err := anthContentBlocks(raw, field)
 	if err != nil {
 		return msg, err
@@ -574,7 +578,7 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 			if err != nil {
 				return msg, err
 			}
-			if st, ok := reasoningFromSignature(sig); ok {
+			if st, ok := proxy.ReasoningFromSignature(sig); ok {
 				t = st
 			}
 			reasoning.WriteString(t)
@@ -583,7 +587,7 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 			if err != nil {
 				return msg, err
 			}
-			if st, ok := reasoningFromSignature(data); ok {
+			if st, ok := proxy.ReasoningFromSignature(data); ok {
 				reasoning.WriteString(st)
 			}
 		case "tool_use":
@@ -599,8 +603,8 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 			if err != nil {
 				return msg, err
 			}
-			msg.ToolCalls = append(msg.ToolCalls, ChatToolCall{
-				ID: id, Type: "function", Function: ChatFunctionCall{Name: name, Arguments: args},
+			msg.ToolCalls = append(msg.ToolCalls, proxy.ChatToolCall{
+				ID: id, Type: "function", Function: proxy.ChatFunctionCall{Name: name, Arguments: args},
 			})
 		}
 	}
@@ -612,16 +616,16 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (ChatMessage, error)
 // anthArguments turns a tool_use input into the arguments string: compact JSON, or the raw
 // string floe wrapped as {"_raw": ...} because the model's arguments were not an object.
 func anthArguments(raw json.RawMessage, field string) (string, error) {
-	if jsonIsNull(raw) {
+	if proxy.JSONIsNull(raw) {
 		return "{}", nil
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, raw); err != nil {
-		return "", invalidRequest("%s: malformed JSON", field)
+		return "", proxy.InvalidRequest("%s: malformed JSON", field)
 	}
-	if jsonKind(raw) == '{' {
+	if proxy.JSONKind(raw) == '{' {
 		var wrapped map[string]json.RawMessage
-		if json.Unmarshal(raw, &wrapped) == nil && len(wrapped) == 1 && jsonKind(wrapped["_raw"]) == '"' {
+		if json.Unmarshal(raw, &wrapped) == nil && len(wrapped) == 1 && proxy.JSONKind(wrapped["_raw"]) == '"' {
 			var s string
 			if json.Unmarshal(wrapped["_raw"], &s) == nil {
 				return s, nil
@@ -676,38 +680,38 @@ func anthUnescapeHTML(b []byte) string {
 }
 
 // anthDecodeTool reads one tool; ok is false for server tools, which are not forwarded.
-func anthDecodeTool(raw json.RawMessage, field string) (ChatTool, bool, error) {
+func anthDecodeTool(raw json.RawMessage, field string) (proxy.ChatTool, bool, error) {
 	t, err := anthObject(raw, field)
 	if err != nil {
-		return ChatTool{}, false, err
+		return proxy.ChatTool{}, false, err
 	}
 	typ, err := anthString(t["type"], field+".type")
 	if err != nil {
-		return ChatTool{}, false, err
+		return proxy.ChatTool{}, false, err
 	}
-	if typ != "" && typ != "custom" && jsonIsNull(t["input_schema"]) {
-		return ChatTool{}, false, nil
+	if typ != "" && typ != "custom" && proxy.JSONIsNull(t["input_schema"]) {
+		return proxy.ChatTool{}, false, nil
 	}
 	name, err := anthRequiredString(t["name"], field+".name")
 	if err != nil {
-		return ChatTool{}, false, err
+		return proxy.ChatTool{}, false, err
 	}
 	desc, err := anthString(t["description"], field+".description")
 	if err != nil {
-		return ChatTool{}, false, err
+		return proxy.ChatTool{}, false, err
 	}
 	params := json.RawMessage(`{"type":"object","properties":{}}`)
-	if !jsonIsNull(t["input_schema"]) {
+	if !proxy.JSONIsNull(t["input_schema"]) {
 		if _, err := anthObject(t["input_schema"], field+".input_schema"); err != nil {
-			return ChatTool{}, false, err
+			return proxy.ChatTool{}, false, err
 		}
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, t["input_schema"]); err != nil {
-			return ChatTool{}, false, invalidRequest("%s.input_schema: malformed JSON", field)
+			return proxy.ChatTool{}, false, proxy.InvalidRequest("%s.input_schema: malformed JSON", field)
 		}
 		params = buf.Bytes()
 	}
-	return ChatTool{Type: "function", Function: ChatFunction{Name: name, Description: desc, Parameters: params}}, true, nil
+	return proxy.ChatTool{Type: "function", Function: proxy.ChatFunction{Name: name, Description: desc, Parameters: params}}, true, nil
 }
 
 // anthDecodeToolChoice maps tool_choice; named is the tool it forces, if any.
@@ -742,7 +746,7 @@ func anthDecodeToolChoice(raw json.RawMessage) (choice json.RawMessage, named st
 		}
 		choice, _ = json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": named}})
 	default:
-		return nil, "", nil, invalidRequest("tool_choice.type: must be auto, any, tool or none, got %q", typ)
+		return nil, "", nil, proxy.InvalidRequest("tool_choice.type: must be auto, any, tool or none, got %q", typ)
 	}
 	return choice, named, parallel, nil
 }
@@ -786,11 +790,11 @@ type anthToolUseBlock struct {
 // anthStopReason maps a normalized finish reason to Anthropic's stop_reason.
 func anthStopReason(finish string, toolCalls bool) string {
 	switch finish {
-	case FinishLength:
+	case proxy.FinishLength:
 		return "max_tokens"
-	case FinishToolCalls:
+	case proxy.FinishToolCalls:
 		return "tool_use"
-	case FinishFilter:
+	case proxy.FinishFilter:
 		return "refusal"
 	}
 	if toolCalls {
@@ -804,14 +808,14 @@ func anthInput(args string) json.RawMessage {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`)
 	}
-	if jsonKind([]byte(args)) == '{' && json.Valid([]byte(args)) {
+	if proxy.JSONKind([]byte(args)) == '{' && json.Valid([]byte(args)) {
 		return json.RawMessage(args)
 	}
 	b, _ := json.Marshal(map[string]string{"_raw": args})
 	return b
 }
 
-func anthModel(req *Request) string {
+func anthModel(req *proxy.Request) string {
 	if req == nil {
 		return ""
 	}
@@ -821,26 +825,26 @@ func anthModel(req *Request) string {
 func anthNewID(prefix string) string { return prefix + rand.Text() }
 
 // WriteResponse writes a complete answer as an Anthropic message.
-func (Anthropic) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
 	msg := anthMessage{
 		ID: anthNewID("msg_"), Type: "message", Role: "assistant", Model: anthModel(req),
 		Content: []any{},
 	}
 	if res == nil {
-		res = &Response{}
+		res = &proxy.Response{}
 	}
 	if res.ID != "" {
 		msg.ID = "msg_" + res.ID
 	}
-	finish := FinishStop
-	var m ChatMessage
+	finish := proxy.FinishStop
+	var m proxy.ChatMessage
 	if len(res.Choices) > 0 {
 		m, finish = res.Choices[0].Message, res.Choices[0].FinishReason
 	}
 	if m.ReasoningContent != "" {
-		msg.Content = append(msg.Content, anthThinkingBlock{"thinking", m.ReasoningContent, reasoningSignature(m.ReasoningContent)})
+		msg.Content = append(msg.Content, anthThinkingBlock{"thinking", m.ReasoningContent, proxy.ReasoningSignature(m.ReasoningContent)})
 	}
-	if text := contentText(m.Content); text != "" {
+	if text := proxy.ContentText(m.Content); text != "" {
 		msg.Content = append(msg.Content, anthTextBlock{"text", text})
 	}
 	for _, tc := range m.ToolCalls {
@@ -894,7 +898,7 @@ var (
 
 // anthContextNumbers reads a context-length error's prompt tokens and, when the upstream
 // named one, the completion budget (max_tokens) that pushed the request over the limit.
-func anthContextNumbers(err *Error) (prompt, budget int) {
+func anthContextNumbers(err *proxy.Error) (prompt, budget int) {
 	prompt = err.PromptTokens
 	if m := anthOldBudgetRE.FindStringSubmatch(err.Message); m != nil {
 		prompt, _ = strconv.Atoi(m[1])
@@ -911,11 +915,11 @@ func anthContextNumbers(err *Error) (prompt, budget int) {
 }
 
 // anthErrorShape gives the HTTP status, Anthropic error type and message for err.
-func anthErrorShape(err *Error) (int, anthErrorDetail) {
+func anthErrorShape(err *proxy.Error) (int, anthErrorDetail) {
 	if err == nil {
-		err = &Error{Kind: ErrInternal, Message: "internal error"}
+		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "internal error"}
 	}
-	if err.Kind == ErrContextLength {
+	if err.Kind == proxy.ErrContextLength {
 		prompt, budget := anthContextNumbers(err)
 		if budget > 0 && prompt > 0 && err.MaxTokens > 0 && prompt < err.MaxTokens {
 			return http.StatusBadRequest, anthErrorDetail{"invalid_request_error", fmt.Sprintf(
@@ -933,17 +937,17 @@ func anthErrorShape(err *Error) (int, anthErrorDetail) {
 	status := err.Status
 	if status == 0 {
 		switch err.Kind {
-		case ErrInvalidRequest:
+		case proxy.ErrInvalidRequest:
 			status = http.StatusBadRequest
-		case ErrAuthentication:
+		case proxy.ErrAuthentication:
 			status = http.StatusUnauthorized
-		case ErrNotFound:
+		case proxy.ErrNotFound:
 			status = http.StatusNotFound
-		case ErrTooLarge:
+		case proxy.ErrTooLarge:
 			status = http.StatusRequestEntityTooLarge
-		case ErrUpstreamUnavailable:
+		case proxy.ErrUpstreamUnavailable:
 			status = http.StatusBadGateway
-		case ErrOverloaded:
+		case proxy.ErrOverloaded:
 			status = 529
 		default:
 			status = http.StatusInternalServerError
@@ -951,15 +955,15 @@ func anthErrorShape(err *Error) (int, anthErrorDetail) {
 	}
 	var typ string
 	switch err.Kind {
-	case ErrInvalidRequest:
+	case proxy.ErrInvalidRequest:
 		typ = "invalid_request_error"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		typ = "authentication_error"
-	case ErrNotFound:
+	case proxy.ErrNotFound:
 		typ = "not_found_error"
-	case ErrTooLarge:
+	case proxy.ErrTooLarge:
 		typ = "request_too_large"
-	case ErrOverloaded:
+	case proxy.ErrOverloaded:
 		typ = "overloaded_error"
 	default: // upstream unavailable, internal, unknown kinds: by status
 		switch status {
@@ -989,9 +993,9 @@ func anthErrorShape(err *Error) (int, anthErrorDetail) {
 }
 
 // WriteError writes err as an Anthropic error object.
-func (Anthropic) WriteError(w http.ResponseWriter, err *Error) {
+func (Dialect) WriteError(w http.ResponseWriter, err *proxy.Error) {
 	status, detail := anthErrorShape(err)
-	_ = writeJSON(w, status, anthErrorBody{Type: "error", Error: detail})
+	_ = proxy.WriteJSON(w, status, anthErrorBody{Type: "error", Error: detail})
 }
 
 type anthModelInfo struct {
@@ -1002,7 +1006,7 @@ type anthModelInfo struct {
 }
 
 // WriteModels answers GET /v1/models.
-func (Anthropic) WriteModels(w http.ResponseWriter, models []string) {
+func (Dialect) WriteModels(w http.ResponseWriter, models []string) {
 	data := make([]anthModelInfo, len(models))
 	for i, m := range models {
 		data[i] = anthModelInfo{"model", m, m, "2025-01-01T00:00:00Z"}
@@ -1011,7 +1015,7 @@ func (Anthropic) WriteModels(w http.ResponseWriter, models []string) {
 	if len(models) > 0 {
 		first, last = &models[0], &models[len(models)-1]
 	}
-	_ = writeJSON(w, http.StatusOK, struct {
+	_ = proxy.WriteJSON(w, http.StatusOK, struct {
 		Data    []anthModelInfo `json:"data"`
 		HasMore bool            `json:"has_more"`
 		FirstID *string         `json:"first_id"`
@@ -1020,8 +1024,8 @@ func (Anthropic) WriteModels(w http.ResponseWriter, models []string) {
 }
 
 // WriteCount answers POST /v1/messages/count_tokens.
-func (Anthropic) WriteCount(w http.ResponseWriter, _ *Request, tokens int) {
-	_ = writeJSON(w, http.StatusOK, struct {
+func (Dialect) WriteCount(w http.ResponseWriter, _ *proxy.Request, tokens int) {
+	_ = proxy.WriteJSON(w, http.StatusOK, struct {
 		InputTokens int `json:"input_tokens"`
 	}{tokens})
 }
@@ -1082,7 +1086,7 @@ type anthTypeOnly struct {
 // as the kind of delta changes (thinking, text, a tool call); each thinking block gets its
 // floe signature in a signature_delta just before it stops.
 type anthropicStream struct {
-	s        *sseWriter
+	s        *proxy.SSEWriter
 	next     int    // index of the next content block
 	open     string // kind of the open block: "", "thinking", "text" or "tool_use"
 	openTool int    // tool-call index of the open tool_use block
@@ -1094,19 +1098,19 @@ type anthropicStream struct {
 }
 
 // NewStream sends the SSE headers, message_start and a ping.
-func (Anthropic) NewStream(w http.ResponseWriter, req *Request) Stream {
-	st := &anthropicStream{s: newSSE(w), tools: map[int][2]string{}}
+func (Dialect) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
+	st := &anthropicStream{s: proxy.NewSSE(w), tools: map[int][2]string{}}
 	start := struct {
 		Type    string      `json:"type"`
 		Message anthMessage `json:"message"`
 	}{"message_start", anthMessage{
 		ID: anthNewID("msg_"), Type: "message", Role: "assistant", Model: anthModel(req), Content: []any{},
 	}}
-	if err := st.s.event("message_start", start); err != nil {
+	if err := st.s.Event("message_start", start); err != nil {
 		st.err = err
 		return st
 	}
-	st.err = st.s.event("ping", anthTypeOnly{"ping"})
+	st.err = st.s.Event("ping", anthTypeOnly{"ping"})
 	return st
 }
 
@@ -1125,14 +1129,14 @@ func (st *anthropicStream) closeBlock() error {
 		return nil
 	}
 	if st.open == "thinking" {
-		sig := reasoningSignature(st.thinking.String())
+		sig := proxy.ReasoningSignature(st.thinking.String())
 		st.thinking.Reset()
-		if err := st.s.event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, anthSignatureDelta{"signature_delta", sig}}); err != nil {
+		if err := st.s.Event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, anthSignatureDelta{"signature_delta", sig}}); err != nil {
 			return err
 		}
 	}
 	st.open = ""
-	return st.s.event("content_block_stop", anthBlockStop{"content_block_stop", st.next - 1})
+	return st.s.Event("content_block_stop", anthBlockStop{"content_block_stop", st.next - 1})
 }
 
 func (st *anthropicStream) startBlock(kind string, block any) error {
@@ -1141,15 +1145,15 @@ func (st *anthropicStream) startBlock(kind string, block any) error {
 	}
 	st.open = kind
 	st.next++
-	return st.s.event("content_block_start", anthBlockStart{"content_block_start", st.next - 1, block})
+	return st.s.Event("content_block_start", anthBlockStart{"content_block_start", st.next - 1, block})
 }
 
 func (st *anthropicStream) delta(d any) error {
-	return st.s.event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, d})
+	return st.s.Event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, d})
 }
 
 // Delta writes one increment: its reasoning, then its text, then its tool-call fragments.
-func (st *anthropicStream) Delta(d Delta) error {
+func (st *anthropicStream) Delta(d proxy.Delta) error {
 	if err := st.check(); err != nil {
 		return err
 	}
@@ -1160,7 +1164,7 @@ func (st *anthropicStream) Delta(d Delta) error {
 	return nil
 }
 
-func (st *anthropicStream) writeDelta(d Delta) error {
+func (st *anthropicStream) writeDelta(d proxy.Delta) error {
 	if d.Reasoning != "" {
 		if st.open != "thinking" {
 			if err := st.startBlock("thinking", anthThinkingBlock{Type: "thinking"}); err != nil {
@@ -1211,7 +1215,7 @@ func (st *anthropicStream) writeDelta(d Delta) error {
 }
 
 // End closes the open block and writes message_delta (stop reason, usage) and message_stop.
-func (st *anthropicStream) End(finishReason string, usage Usage) error {
+func (st *anthropicStream) End(finishReason string, usage proxy.Usage) error {
 	if err := st.check(); err != nil {
 		return err
 	}
@@ -1223,18 +1227,18 @@ func (st *anthropicStream) End(finishReason string, usage Usage) error {
 	md.Type = "message_delta"
 	md.Delta.StopReason = anthStopReason(finishReason, st.anyTool)
 	md.Usage = anthUsage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens}
-	if err := st.s.event("message_delta", md); err != nil {
+	if err := st.s.Event("message_delta", md); err != nil {
 		return err
 	}
-	return st.s.event("message_stop", anthTypeOnly{"message_stop"})
+	return st.s.Event("message_stop", anthTypeOnly{"message_stop"})
 }
 
 // Fail writes an error event; the stream ends there.
-func (st *anthropicStream) Fail(err *Error) error {
+func (st *anthropicStream) Fail(err *proxy.Error) error {
 	if st.done {
 		return errors.New("anthropic stream: already ended")
 	}
 	st.done = true
 	_, detail := anthErrorShape(err)
-	return st.s.event("error", anthErrorBody{Type: "error", Error: detail})
+	return st.s.Event("error", anthErrorBody{Type: "error", Error: detail})
 }
