@@ -8,13 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
 // Anthropic is the Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens,
@@ -79,106 +79,20 @@ func (Dialect) Name() string { return "anthropic" }
 
 // ---- decoding ----
 
-func anthObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if proxy.JSONKind(raw) != '{' {
-		return nil, proxy.InvalidRequest("%s: expected an object", field)
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, proxy.InvalidRequest("%s: expected an object", field)
-	}
-	return m, nil
-}
-
-func anthArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	if proxy.JSONKind(raw) != '[' {
-		return nil, proxy.InvalidRequest("%s: expected an array", field)
-	}
-	var a []json.RawMessage
-	if err := json.Unmarshal(raw, &a); err != nil {
-		return nil, proxy.InvalidRequest("%s: expected an array", field)
-	}
-	return a, nil
-}
-
-// anthString decodes an optional string; null or absent reads as "".
-func anthString(raw json.RawMessage, field string) (string, error) {
-	if proxy.JSONIsNull(raw) {
-		return "", nil
-	}
-	var s string
-	if proxy.JSONKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", proxy.InvalidRequest("%s: expected a string", field)
-	}
-	return s, nil
-}
-
-// anthRequiredString decodes a string that must be present and non-empty.
-func anthRequiredString(raw json.RawMessage, field string) (string, error) {
-	if proxy.JSONIsNull(raw) {
-		return "", proxy.InvalidRequest("%s: field required", field)
-	}
-	s, err := anthString(raw, field)
-	if err != nil {
-		return "", err
-	}
-	if s == "" {
-		return "", proxy.InvalidRequest("%s: must not be empty", field)
-	}
-	return s, nil
-}
-
-func anthBool(raw json.RawMessage, field string) (bool, error) {
-	if proxy.JSONIsNull(raw) {
-		return false, nil
-	}
-	var b bool
-	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, proxy.InvalidRequest("%s: expected a boolean", field)
-	}
-	return b, nil
-}
-
-func anthNumber(raw json.RawMessage, field string) (*float64, error) {
-	if proxy.JSONIsNull(raw) {
-		return nil, nil
-	}
-	var f float64
-	if k := proxy.JSONKind(raw); !(k == '-' || (k >= '0' && k <= '9')) || json.Unmarshal(raw, &f) != nil {
-		return nil, proxy.InvalidRequest("%s: expected a number", field)
-	}
-	return &f, nil
-}
-
-func anthInt(raw json.RawMessage, field string) (*int, error) {
-	f, err := anthNumber(raw, field)
-	if err != nil || f == nil {
-		return nil, err
-	}
-	if *f != math.Trunc(*f) || *f < 1 || *f > math.MaxInt32 {
-		return nil, proxy.InvalidRequest("%s: expected a positive integer", field)
-	}
-	n := int(*f)
-	return &n, nil
-}
-
 // Decode parses a Messages (or count_tokens) request body.
 func (Dialect) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
-	if proxy.JSONKind(body) != '{' {
-		return nil, proxy.InvalidRequest("request body: expected a JSON object")
+	top, err := reqjson.Parse(body)
+	if err != nil {
+		return nil, err
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, proxy.InvalidRequest("request body: malformed JSON: %v", err)
-	}
-	model, err := anthRequiredString(top["model"], "model")
+	model, err := top.Get("model").NonEmptyString()
 	if err != nil {
 		return nil, err
 	}
 	chat := proxy.ChatRequest{Model: model}
 
-	if !proxy.JSONIsNull(top["system"]) {
-		sys, err := anthTextContent(top["system"], "system")
+	if sysv := top.Get("system"); !sysv.IsNull() {
+		sys, err := textContent(sysv)
 		if err != nil {
 			return nil, err
 		}
@@ -187,18 +101,19 @@ func (Dialect) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
 		}
 	}
 
-	if proxy.JSONIsNull(top["messages"]) {
-		return nil, proxy.InvalidRequest("messages: field required")
+	msgv := top.Get("messages")
+	if err := msgv.Required(); err != nil {
+		return nil, err
 	}
-	msgs, err := anthArray(top["messages"], "messages")
+	msgs, err := msgv.Array()
 	if err != nil {
 		return nil, err
 	}
 	if len(msgs) == 0 {
-		return nil, proxy.InvalidRequest("messages: at least one message is required")
+		return nil, msgv.Errorf("at least one message is required")
 	}
-	for i, raw := range msgs {
-		out, err := anthDecodeMessage(raw, fmt.Sprintf("messages[%d]", i))
+	for _, m := range msgs {
+		out, err := decodeMessage(m)
 		if err != nil {
 			return nil, err
 		}
@@ -206,25 +121,23 @@ func (Dialect) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
 	}
 
 	forwarded := map[string]bool{}
-	if !proxy.JSONIsNull(top["tools"]) {
-		tools, err := anthArray(top["tools"], "tools")
+	tools, err := top.Get("tools").Array()
+	if err != nil {
+		return nil, err
+	}
+	for _, tv := range tools {
+		t, ok, err := decodeTool(tv)
 		if err != nil {
 			return nil, err
 		}
-		for i, raw := range tools {
-			t, ok, err := anthDecodeTool(raw, fmt.Sprintf("tools[%d]", i))
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				chat.Tools = append(chat.Tools, t)
-				forwarded[t.Function.Name] = true
-			}
+		if ok {
+			chat.Tools = append(chat.Tools, t)
+			forwarded[t.Function.Name] = true
 		}
 	}
 
-	if !proxy.JSONIsNull(top["tool_choice"]) {
-		choice, named, parallel, err := anthDecodeToolChoice(top["tool_choice"])
+	if tcv := top.Get("tool_choice"); !tcv.IsNull() {
+		choice, named, parallel, err := decodeToolChoice(tcv)
 		if err != nil {
 			return nil, err
 		}
@@ -234,76 +147,70 @@ func (Dialect) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
 		}
 	}
 
-	if chat.MaxCompletionTokens, err = anthInt(top["max_tokens"], "max_tokens"); err != nil {
+	maxv := top.Get("max_tokens")
+	if chat.MaxCompletionTokens, err = maxv.Int(); err != nil {
 		return nil, err
 	}
-	if chat.Temperature, err = anthNumber(top["temperature"], "temperature"); err != nil {
+	if n := chat.MaxCompletionTokens; n != nil && *n < 1 {
+		return nil, maxv.Errorf("must be at least 1")
+	}
+	if chat.Temperature, err = top.Get("temperature").Number(); err != nil {
 		return nil, err
 	}
-	if chat.TopP, err = anthNumber(top["top_p"], "top_p"); err != nil {
+	if chat.TopP, err = top.Get("top_p").Number(); err != nil {
 		return nil, err
 	}
-	if _, err = anthNumber(top["top_k"], "top_k"); err != nil { // checked, not forwarded
+	if _, err = top.Get("top_k").Number(); err != nil { // checked, not forwarded
 		return nil, err
 	}
-	if !proxy.JSONIsNull(top["stop_sequences"]) {
-		stops, err := anthArray(top["stop_sequences"], "stop_sequences")
-		if err != nil {
-			return nil, err
-		}
-		for i, raw := range stops {
-			s, err := anthString(raw, fmt.Sprintf("stop_sequences[%d]", i))
-			if err != nil {
-				return nil, err
-			}
-			chat.Stop = append(chat.Stop, s)
-		}
-	}
-	if chat.Stream, err = anthBool(top["stream"], "stream"); err != nil {
+	if chat.Stop, err = top.Get("stop_sequences").Strings(); err != nil {
 		return nil, err
 	}
-	if !proxy.JSONIsNull(top["thinking"]) {
-		th, err := anthObject(top["thinking"], "thinking")
-		if err != nil {
-			return nil, err
-		}
-		typ, err := anthString(th["type"], "thinking.type")
-		if err != nil {
-			return nil, err
-		}
-		if _, err := anthNumber(th["budget_tokens"], "thinking.budget_tokens"); err != nil {
-			return nil, err
-		}
-		switch typ {
-		case "enabled", "adaptive":
-			chat.ChatTemplateKwargs = map[string]any{"enable_thinking": true}
-		case "disabled":
-			chat.ChatTemplateKwargs = map[string]any{"enable_thinking": false}
-		}
+	if chat.Stream, err = top.Get("stream").Bool(); err != nil {
+		return nil, err
+	}
+	th, err := top.Get("thinking").Object()
+	if err != nil {
+		return nil, err
+	}
+	typ, err := th.Get("type").String()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := th.Get("budget_tokens").Number(); err != nil {
+		return nil, err
+	}
+	switch typ {
+	case "enabled", "adaptive":
+		chat.ChatTemplateKwargs = map[string]any{"enable_thinking": true}
+	case "disabled":
+		chat.ChatTemplateKwargs = map[string]any{"enable_thinking": false}
 	}
 	return &proxy.Request{Chat: chat, Model: model, Stream: chat.Stream}, nil
 }
 
-// anthTextContent reads a string or an array of text blocks (system content) as one string.
-func anthTextContent(raw json.RawMessage, field string) (string, error) {
-	if proxy.JSONKind(raw) == '"' {
-		return anthString(raw, field)
+// textContent reads a string or an array of text blocks (system content) as one string.
+func textContent(v reqjson.Value) (string, error) {
+	if v.Kind() == reqjson.String {
+		return v.String()
 	}
-	blocks, err := anthArray(raw, field)
+	if v.Kind() != reqjson.Array {
+		return "", v.Wrong("string or array of content blocks")
+	}
+	blocks, err := v.Array()
 	if err != nil {
-		return "", proxy.InvalidRequest("%s: expected a string or an array of content blocks", field)
+		return "", err
 	}
 	var texts []string
-	for j, braw := range blocks {
-		bf := fmt.Sprintf("%s[%d]", field, j)
-		b, typ, err := anthBlock(braw, bf)
+	for _, bv := range blocks {
+		b, typ, err := block(bv)
 		if err != nil {
 			return "", err
 		}
 		if typ != "text" {
 			continue
 		}
-		t, err := anthString(b["text"], bf+".text")
+		t, err := b.Get("text").String()
 		if err != nil {
 			return "", err
 		}
@@ -312,65 +219,66 @@ func anthTextContent(raw json.RawMessage, field string) (string, error) {
 	return strings.Join(texts, "\n"), nil
 }
 
-// anthBlock reads a content block and its type.
-func anthBlock(raw json.RawMessage, field string) (map[string]json.RawMessage, string, error) {
-	b, err := anthObject(raw, field)
+// block reads a content block and its type.
+func block(v reqjson.Value) (reqjson.Fields, string, error) {
+	b, err := v.Object()
 	if err != nil {
-		return nil, "", err
+		return b, "", err
 	}
-	typ, err := anthRequiredString(b["type"], field+".type")
+	typ, err := b.Get("type").NonEmptyString()
 	return b, typ, err
 }
 
-// anthContentBlocks reads message content: a string is one text block.
-func anthContentBlocks(raw json.RawMessage, field string) (text string, blocks []json.RawMessage, isString bool, err error) {
-	switch proxy.JSONKind(raw) {
-	case 0, 'n':
-		return "", nil, false, proxy.InvalidRequest("%s: field required", field)
-	case '"':
-		s, err := anthString(raw, field)
+// contentBlocks reads message content, which is required: a string is one text block.
+func contentBlocks(v reqjson.Value) (text string, blocks []reqjson.Value, isString bool, err error) {
+	switch v.Kind() {
+	case reqjson.Null:
+		return "", nil, false, v.Required()
+	case reqjson.String:
+		s, err := v.String()
 		return s, nil, true, err
-	case '[':
-		blocks, err := anthArray(raw, field)
+	case reqjson.Array:
+		blocks, err := v.Array()
 		return "", blocks, false, err
 	}
-	return "", nil, false, proxy.InvalidRequest("%s: expected a string or an array of content blocks", field)
+	return "", nil, false, v.Wrong("string or array of content blocks")
 }
 
-func anthDecodeMessage(raw json.RawMessage, field string) ([]proxy.ChatMessage, error) {
-	m, err := anthObject(raw, field)
+func decodeMessage(v reqjson.Value) ([]proxy.ChatMessage, error) {
+	m, err := v.Object()
 	if err != nil {
 		return nil, err
 	}
-	role, err := anthRequiredString(m["role"], field+".role")
+	rolev := m.Get("role")
+	role, err := rolev.NonEmptyString()
 	if err != nil {
 		return nil, err
 	}
-	cf := field + ".content"
+	content := m.Get("content")
 	switch role {
 	case "user":
-		return anthDecodeUser(m["content"], cf)
+		return decodeUser(content)
 	case "assistant":
-		msg, err := anthDecodeAssistant(m["content"], cf)
+		msg, err := decodeAssistant(content)
 		if err != nil {
 			return nil, err
 		}
 		return []proxy.ChatMessage{msg}, nil
 	case "system": // not Anthropic, but tolerated
-		if proxy.JSONIsNull(m["content"]) {
-			return nil, proxy.InvalidRequest("%s: field required", cf)
+		if err := content.Required(); err != nil {
+			return nil, err
 		}
-		s, err := anthTextContent(m["content"], cf)
+		s, err := textContent(content)
 		if err != nil {
 			return nil, err
 		}
 		return []proxy.ChatMessage{{Role: "system", Content: s}}, nil
 	}
-	return nil, proxy.InvalidRequest("%s.role: must be \"user\" or \"assistant\", got %q", field, role)
+	return nil, rolev.Errorf("must be \"user\" or \"assistant\", got %q", role)
 }
 
-func anthDecodeUser(raw json.RawMessage, field string) ([]proxy.ChatMessage, error) {
-	text, blocks, isString, err := anthContentBlocks(raw, field)
+func decodeUser(v reqjson.Value) ([]proxy.ChatMessage, error) {
+	text, blocks, isString, err := contentBlocks(v)
 	if err != nil {
 		return nil, err
 	}
@@ -384,38 +292,37 @@ func anthDecodeUser(raw json.RawMessage, field string) ([]proxy.ChatMessage, err
 		if len(parts) == 0 {
 			return
 		}
-		out = append(out, proxy.ChatMessage{Role: "user", Content: anthUserContent(parts, hasImage)})
+		out = append(out, proxy.ChatMessage{Role: "user", Content: userContent(parts, hasImage)})
 		parts, hasImage = nil, false
 	}
-	for j, braw := range blocks {
-		bf := fmt.Sprintf("%s[%d]", field, j)
-		b, typ, err := anthBlock(braw, bf)
+	for _, bv := range blocks {
+		b, typ, err := block(bv)
 		if err != nil {
 			return nil, err
 		}
 		switch typ {
 		case "text":
-			t, err := anthString(b["text"], bf+".text")
+			t, err := b.Get("text").String()
 			if err != nil {
 				return nil, err
 			}
 			parts = append(parts, proxy.ChatPart{Type: "text", Text: t})
 		case "image":
-			url, err := anthImageURL(b["source"], bf+".source")
+			url, err := imageURL(b.Get("source"))
 			if err != nil {
 				return nil, err
 			}
 			parts = append(parts, proxy.ChatPart{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: url}})
 			hasImage = true
 		case "document":
-			t, err := anthDocumentText(b, bf)
+			t, err := documentText(b)
 			if err != nil {
 				return nil, err
 			}
 			parts = append(parts, proxy.ChatPart{Type: "text", Text: t})
 		case "tool_result":
 			flush()
-			msg, err := anthDecodeToolResult(b, bf)
+			msg, err := decodeToolResult(b)
 			if err != nil {
 				return nil, err
 			}
@@ -429,8 +336,8 @@ func anthDecodeUser(raw json.RawMessage, field string) ([]proxy.ChatMessage, err
 	return out, nil
 }
 
-// anthUserContent is a string when the parts are all text, else the parts.
-func anthUserContent(parts []proxy.ChatPart, hasImage bool) any {
+// userContent is a string when the parts are all text, else the parts.
+func userContent(parts []proxy.ChatPart, hasImage bool) any {
 	if hasImage {
 		return parts
 	}
@@ -441,90 +348,93 @@ func anthUserContent(parts []proxy.ChatPart, hasImage bool) any {
 	return strings.Join(texts, "\n")
 }
 
-func anthImageURL(raw json.RawMessage, field string) (string, error) {
-	src, err := anthObject(raw, field)
+// imageURL is an image source (required) as a URL or data: URI.
+func imageURL(v reqjson.Value) (string, error) {
+	if err := v.Required(); err != nil {
+		return "", err
+	}
+	src, err := v.Object()
 	if err != nil {
 		return "", err
 	}
-	typ, err := anthRequiredString(src["type"], field+".type")
+	typv := src.Get("type")
+	typ, err := typv.NonEmptyString()
 	if err != nil {
 		return "", err
 	}
 	switch typ {
 	case "base64":
-		mt, err := anthRequiredString(src["media_type"], field+".media_type")
+		mt, err := src.Get("media_type").NonEmptyString()
 		if err != nil {
 			return "", err
 		}
-		data, err := anthRequiredString(src["data"], field+".data")
+		data, err := src.Get("data").NonEmptyString()
 		if err != nil {
 			return "", err
 		}
 		return "data:" + mt + ";base64," + data, nil
 	case "url":
-		return anthRequiredString(src["url"], field+".url")
+		return src.Get("url").NonEmptyString()
 	}
-	return "", proxy.InvalidRequest("%s.type: unsupported image source %q (want base64 or url)", field, typ)
+	return "", typv.Errorf("unsupported image source %q (want base64 or url)", typ)
 }
 
-// anthDocumentText is a document block as text: its text source, else a placeholder.
-func anthDocumentText(b map[string]json.RawMessage, field string) (string, error) {
-	if proxy.JSONKind(b["source"]) == '{' {
-		src, err := anthObject(b["source"], field+".source")
+// documentText is a document block as text: its text source, else a placeholder.
+func documentText(b reqjson.Fields) (string, error) {
+	if sv := b.Get("source"); sv.Kind() == reqjson.Object {
+		src, err := sv.Object()
 		if err != nil {
 			return "", err
 		}
-		if typ, _ := anthString(src["type"], ""); typ == "text" {
-			return anthString(src["data"], field+".source.data")
+		if typ, _ := src.Get("type").String(); typ == "text" {
+			return src.Get("data").String()
 		}
 	}
 	return "[document]", nil
 }
 
-func anthDecodeToolResult(b map[string]json.RawMessage, field string) (proxy.ChatMessage, error) {
-	id, err := anthRequiredString(b["tool_use_id"], field+".tool_use_id")
+func decodeToolResult(b reqjson.Fields) (proxy.ChatMessage, error) {
+	id, err := b.Get("tool_use_id").NonEmptyString()
 	if err != nil {
 		return proxy.ChatMessage{}, err
 	}
-	isErr, err := anthBool(b["is_error"], field+".is_error")
+	isErr, err := b.Get("is_error").Bool()
 	if err != nil {
 		return proxy.ChatMessage{}, err
 	}
 	var content string
-	cf := field + ".content"
-	switch proxy.JSONKind(b["content"]) {
-	case 0, 'n':
-	case '"':
-		content, err = anthString(b["content"], cf)
-		if err != nil {
+	cv := b.Get("content")
+	switch cv.Kind() {
+	case reqjson.Null:
+	case reqjson.String:
+		if content, err = cv.String(); err != nil {
 			return proxy.ChatMessage{}, err
 		}
-	case '[':
-		blocks, err := anthArray(b["content"], cf)
+	case reqjson.Array:
+		blocks, err := cv.Array()
 		if err != nil {
 			return proxy.ChatMessage{}, err
 		}
 		var texts []string
-		for j, braw := range blocks {
-			bf := fmt.Sprintf("%s[%d]", cf, j)
-			cb, typ, err := anthBlock(braw, bf)
+		for _, bv := range blocks {
+			cb, typ, err := block(bv)
 			if err != nil {
 				return proxy.ChatMessage{}, err
 			}
 			switch typ {
 			case "text":
-				t, err := anthString(cb["text"], bf+".text")
+				t, err := cb.Get("text").String()
 				if err != nil {
 					return proxy.ChatMessage{}, err
 				}
 				texts = append(texts, t)
 			case "image":
-				if _, err := anthImageURL(cb["source"], bf+".source"); err != nil {
+				if _, err := imageURL(cb.Get("source")); err != nil {
 					return proxy.ChatMessage{}, err
 				}
 				texts = append(texts, "[image]")
 			case "document":
-				t, err := anthDocumentText(cb, bf)
+				t, err := documentText(cb)
 				if err != nil {
 					return proxy.ChatMessage{}, err
 				}
@@ -533,7 +443,7 @@ func anthDecodeToolResult(b map[string]json.RawMessage, field string) (proxy.Cha
 		}
 		content = strings.Join(texts, "\n")
 	default:
-		return proxy.ChatMessage{}, proxy.InvalidRequest("%s: expected a string or an array of content blocks", cf)
+		return proxy.ChatMessage{}, cv.Wrong("string or array of content blocks")
 	}
 	if isErr {
 		if content == "" {
@@ -545,9 +455,9 @@ func anthDecodeToolResult(b map[string]json.RawMessage, field string) (proxy.Cha
 	return proxy.ChatMessage{Role: "tool", Content: content, ToolCallID: id}, nil
 }
 
-func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, error) {
+func decodeAssistant(v reqjson.Value) (proxy.ChatMessage, error) {
 	msg := proxy.ChatMessage{Role: "assistant", Content: ""}
-	text, blocks, isString, err := anthContentBlocks(raw, field)
+	text, blocks, isString, err := contentBlocks(v)
 	if err != nil {
 		return msg, err
 	}
@@ -556,25 +466,24 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, 
 		return msg, nil
 	}
 	var content, reasoning strings.Builder
-	for j, braw := range blocks {
-		bf := fmt.Sprintf("%s[%d]", field, j)
-		b, typ, err := anthBlock(braw, bf)
+	for _, bv := range blocks {
+		b, typ, err := block(bv)
 		if err != nil {
 			return msg, err
 		}
 		switch typ {
 		case "text":
-			t, err := anthString(b["text"], bf+".text")
+			t, err := b.Get("text").String()
 			if err != nil {
 				return msg, err
 			}
 			content.WriteString(t)
 		case "thinking":
-			t, err := anthString(b["thinking"], bf+".thinking")
+			t, err := b.Get("thinking").String()
 			if err != nil {
 				return msg, err
 			}
-			sig, err := anthString(b["signature"], bf+".signature")
+			sig, err := b.Get("signature").String()
 			if err != nil {
 				return msg, err
 			}
@@ -583,7 +492,7 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, 
 			}
 			reasoning.WriteString(t)
 		case "redacted_thinking":
-			data, err := anthString(b["data"], bf+".data")
+			data, err := b.Get("data").String()
 			if err != nil {
 				return msg, err
 			}
@@ -591,15 +500,15 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, 
 				reasoning.WriteString(st)
 			}
 		case "tool_use":
-			id, err := anthRequiredString(b["id"], bf+".id")
+			id, err := b.Get("id").NonEmptyString()
 			if err != nil {
 				return msg, err
 			}
-			name, err := anthRequiredString(b["name"], bf+".name")
+			name, err := b.Get("name").NonEmptyString()
 			if err != nil {
 				return msg, err
 			}
-			args, err := anthArguments(b["input"], bf+".input")
+			args, err := arguments(b.Get("input"))
 			if err != nil {
 				return msg, err
 			}
@@ -613,32 +522,30 @@ func anthDecodeAssistant(raw json.RawMessage, field string) (proxy.ChatMessage, 
 	return msg, nil
 }
 
-// anthArguments turns a tool_use input into the arguments string: compact JSON, or the raw
+// arguments turns a tool_use input into the arguments string: compact JSON, or the raw
 // string floe wrapped as {"_raw": ...} because the model's arguments were not an object.
-func anthArguments(raw json.RawMessage, field string) (string, error) {
-	if proxy.JSONIsNull(raw) {
+func arguments(v reqjson.Value) (string, error) {
+	if v.IsNull() {
 		return "{}", nil
 	}
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil {
-		return "", proxy.InvalidRequest("%s: malformed JSON", field)
+	if err := json.Compact(&buf, v.Raw()); err != nil {
+		return "", v.Errorf("malformed JSON")
 	}
-	if proxy.JSONKind(raw) == '{' {
-		var wrapped map[string]json.RawMessage
-		if json.Unmarshal(raw, &wrapped) == nil && len(wrapped) == 1 && proxy.JSONKind(wrapped["_raw"]) == '"' {
-			var s string
-			if json.Unmarshal(wrapped["_raw"], &s) == nil {
+	if v.Kind() == reqjson.Object {
+		if wrapped, err := v.Object(); err == nil && wrapped.Len() == 1 && wrapped.Get("_raw").Kind() == reqjson.String {
+			if s, err := wrapped.Get("_raw").String(); err == nil {
 				return s, nil
 			}
 		}
 	}
-	return anthUnescapeHTML(buf.Bytes()), nil
+	return unescapeHTML(buf.Bytes()), nil
 }
 
-// anthUnescapeHTML undoes the escapes Go's encoder puts in JSON strings (\u003c, \u003e,
+// unescapeHTML undoes the escapes Go's encoder puts in JSON strings (\u003c, \u003e,
 // \u0026, \u2028, \u2029) in compact JSON, so that arguments echoed by a Go client read as
 // the model wrote them (a JavaScript client writes these characters as they are).
-func anthUnescapeHTML(b []byte) string {
+func unescapeHTML(b []byte) string {
 	if !bytes.Contains(b, []byte(`\u`)) {
 		return string(b)
 	}
@@ -679,52 +586,54 @@ func anthUnescapeHTML(b []byte) string {
 	return out.String()
 }
 
-// anthDecodeTool reads one tool; ok is false for server tools, which are not forwarded.
-func anthDecodeTool(raw json.RawMessage, field string) (proxy.ChatTool, bool, error) {
-	t, err := anthObject(raw, field)
+// decodeTool reads one tool; ok is false for server tools, which are not forwarded.
+func decodeTool(v reqjson.Value) (proxy.ChatTool, bool, error) {
+	t, err := v.Object()
 	if err != nil {
 		return proxy.ChatTool{}, false, err
 	}
-	typ, err := anthString(t["type"], field+".type")
+	typ, err := t.Get("type").String()
 	if err != nil {
 		return proxy.ChatTool{}, false, err
 	}
-	if typ != "" && typ != "custom" && proxy.JSONIsNull(t["input_schema"]) {
+	schema := t.Get("input_schema")
+	if typ != "" && typ != "custom" && schema.IsNull() {
 		return proxy.ChatTool{}, false, nil
 	}
-	name, err := anthRequiredString(t["name"], field+".name")
+	name, err := t.Get("name").NonEmptyString()
 	if err != nil {
 		return proxy.ChatTool{}, false, err
 	}
-	desc, err := anthString(t["description"], field+".description")
+	desc, err := t.Get("description").String()
 	if err != nil {
 		return proxy.ChatTool{}, false, err
 	}
 	params := json.RawMessage(`{"type":"object","properties":{}}`)
-	if !proxy.JSONIsNull(t["input_schema"]) {
-		if _, err := anthObject(t["input_schema"], field+".input_schema"); err != nil {
+	if !schema.IsNull() {
+		if _, err := schema.Object(); err != nil {
 			return proxy.ChatTool{}, false, err
 		}
 		var buf bytes.Buffer
-		if err := json.Compact(&buf, t["input_schema"]); err != nil {
-			return proxy.ChatTool{}, false, proxy.InvalidRequest("%s.input_schema: malformed JSON", field)
+		if err := json.Compact(&buf, schema.Raw()); err != nil {
+			return proxy.ChatTool{}, false, schema.Errorf("malformed JSON")
 		}
 		params = buf.Bytes()
 	}
 	return proxy.ChatTool{Type: "function", Function: proxy.ChatFunction{Name: name, Description: desc, Parameters: params}}, true, nil
 }
 
-// anthDecodeToolChoice maps tool_choice; named is the tool it forces, if any.
-func anthDecodeToolChoice(raw json.RawMessage) (choice json.RawMessage, named string, parallel *bool, err error) {
-	tc, err := anthObject(raw, "tool_choice")
+// decodeToolChoice maps tool_choice; named is the tool it forces, if any.
+func decodeToolChoice(v reqjson.Value) (choice json.RawMessage, named string, parallel *bool, err error) {
+	tc, err := v.Object()
 	if err != nil {
 		return nil, "", nil, err
 	}
-	typ, err := anthRequiredString(tc["type"], "tool_choice.type")
+	typv := tc.Get("type")
+	typ, err := typv.NonEmptyString()
 	if err != nil {
 		return nil, "", nil, err
 	}
-	disable, err := anthBool(tc["disable_parallel_tool_use"], "tool_choice.disable_parallel_tool_use")
+	disable, err := tc.Get("disable_parallel_tool_use").Bool()
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -740,13 +649,13 @@ func anthDecodeToolChoice(raw json.RawMessage) (choice json.RawMessage, named st
 	case "none":
 		choice = json.RawMessage(`"none"`)
 	case "tool":
-		named, err = anthRequiredString(tc["name"], "tool_choice.name")
+		named, err = tc.Get("name").NonEmptyString()
 		if err != nil {
 			return nil, "", nil, err
 		}
 		choice, _ = json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": named}})
 	default:
-		return nil, "", nil, proxy.InvalidRequest("tool_choice.type: must be auto, any, tool or none, got %q", typ)
+		return nil, "", nil, typv.Errorf("must be auto, any, tool or none, got %q", typ)
 	}
 	return choice, named, parallel, nil
 }
@@ -808,7 +717,7 @@ func anthInput(args string) json.RawMessage {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`)
 	}
-	if proxy.JSONKind([]byte(args)) == '{' && json.Valid([]byte(args)) {
+	if strings.HasPrefix(strings.TrimSpace(args), "{") && json.Valid([]byte(args)) {
 		return json.RawMessage(args)
 	}
 	b, _ := json.Marshal(map[string]string{"_raw": args})
