@@ -59,11 +59,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"sort"
 	"strings"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
 // Gemini is the Google Gemini API dialect.
@@ -152,23 +152,27 @@ type gemFunctionDeclaration struct {
 }
 
 type gemToolConfig struct {
-	FunctionCallingConfig *struct {
-		Mode                 string   `json:"mode"`
-		AllowedFunctionNames []string `json:"allowedFunctionNames"`
-	} `json:"functionCallingConfig"`
+	FunctionCallingConfig *gemFunctionCallingConfig `json:"functionCallingConfig"`
+}
+
+type gemFunctionCallingConfig struct {
+	Mode                 string   `json:"mode"`
+	AllowedFunctionNames []string `json:"allowedFunctionNames"`
 }
 
 type gemGenerationConfig struct {
-	MaxOutputTokens *float64 `json:"maxOutputTokens"`
-	Temperature     *float64 `json:"temperature"`
-	TopP            *float64 `json:"topP"`
-	TopK            *float64 `json:"topK"` // ignored
-	StopSequences   []string `json:"stopSequences"`
-	CandidateCount  *float64 `json:"candidateCount"`
-	ThinkingConfig  *struct {
-		ThinkingBudget  *float64 `json:"thinkingBudget"`
-		IncludeThoughts *bool    `json:"includeThoughts"`
-	} `json:"thinkingConfig"`
+	MaxOutputTokens *float64           `json:"maxOutputTokens"`
+	Temperature     *float64           `json:"temperature"`
+	TopP            *float64           `json:"topP"`
+	TopK            *float64           `json:"topK"` // ignored
+	StopSequences   []string           `json:"stopSequences"`
+	CandidateCount  *float64           `json:"candidateCount"`
+	ThinkingConfig  *gemThinkingConfig `json:"thinkingConfig"`
+}
+
+type gemThinkingConfig struct {
+	ThinkingBudget  *float64 `json:"thinkingBudget"`
+	IncludeThoughts *bool    `json:"includeThoughts"`
 }
 
 type gemResponse struct {
@@ -211,16 +215,13 @@ func (Dialect) Decode(r *http.Request, body []byte) (*proxy.Request, error) {
 	if perr != nil {
 		return nil, perr
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, proxy.InvalidRequest("contents: the request body is empty")
-	}
-	norm, err := gemCamelize(body)
+	top, err := reqjson.Parse(body)
 	if err != nil {
-		return nil, gemJSONError(err)
+		return nil, err
 	}
-	var gr gemRequest
-	if err := json.Unmarshal(norm, &gr); err != nil {
-		return nil, gemJSONError(err)
+	gr, err := decodeRequest(top)
+	if err != nil {
+		return nil, err
 	}
 	at := ""
 	if method == gemMethodCount && len(gr.Contents) == 0 && gr.GenerateContentRequest != nil {
@@ -275,145 +276,270 @@ func gemParsePath(p string) (model, method string, err *proxy.Error) {
 	return model, method, nil
 }
 
-// gemJSONError turns a JSON decoding error into a 400 naming the field.
-func gemJSONError(err error) *proxy.Error {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		if te.Field == "" {
-			return proxy.InvalidRequest("request body: expected a JSON object, got %s", te.Value)
+// field reads the field named key in camelCase, or in the snake_case the API also
+// accepts when the camelCase one is absent; errors name the spelling the caller used.
+func field(f reqjson.Fields, key string) reqjson.Value {
+	if v := f.Get(key); !v.IsNull() {
+		return v
+	}
+	return f.Get(snakeCase(key))
+}
+
+// snakeCase maps "maxOutputTokens" to "max_output_tokens".
+func snakeCase(k string) string {
+	var b strings.Builder
+	for _, c := range k {
+		if c >= 'A' && c <= 'Z' {
+			b.WriteByte('_')
+			c += 'a' - 'A'
 		}
-		return proxy.InvalidRequest("%s: expected %s, got %s", te.Field, gemTypeName(te.Type), te.Value)
-	case errors.As(err, &se):
-		return proxy.InvalidRequest("request body: invalid JSON at byte %d: %v", se.Offset, se)
-	default:
-		return proxy.InvalidRequest("request body: invalid JSON: %v", err)
+		b.WriteRune(c)
 	}
+	return b.String()
 }
 
-func gemTypeName(t reflect.Type) string {
-	if t == nil {
-		return "a value"
+// object reads the field key as an object; present is false when it is absent or null.
+func object(f reqjson.Fields, key string) (obj reqjson.Fields, present bool, err error) {
+	v := field(f, key)
+	if v.IsNull() {
+		return obj, false, nil
 	}
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+	obj, err = v.Object()
+	return obj, err == nil, err
+}
+
+// objects reads the field key as an array of objects and calls each on every element.
+func objects(f reqjson.Fields, key string, each func(reqjson.Fields) error) error {
+	elems, err := field(f, key).Array()
+	if err != nil {
+		return err
 	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Slice, reflect.Array:
-		if t.Elem().Kind() == reflect.Uint8 && t.Name() == "RawMessage" {
-			return "a JSON value"
+	for _, e := range elems {
+		o, err := e.Object()
+		if err != nil {
+			return err
 		}
-		return "an array"
-	case reflect.Struct, reflect.Map:
-		return "an object"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
-		reflect.Float32, reflect.Float64:
-		return "a number"
+		if err := each(o); err != nil {
+			return err
+		}
 	}
-	return t.String()
+	return nil
 }
 
-// gemOpaqueKeys hold caller data whose keys must not be renamed.
-var gemOpaqueKeys = map[string]bool{
-	"args": true, "partialArgs": true, "response": true,
-	"parameters": true, "parametersJsonSchema": true,
-	"responseSchema": true, "responseJsonSchema": true, "labels": true,
+// decodeRequest reads a GenerateContentRequest (or a countTokens request, which may wrap
+// one in generateContentRequest).
+func decodeRequest(f reqjson.Fields) (gemRequest, error) {
+	var gr gemRequest
+	err := objects(f, "contents", func(o reqjson.Fields) error {
+		c, err := decodeContent(o)
+		gr.Contents = append(gr.Contents, c)
+		return err
+	})
+	if err != nil {
+		return gr, err
+	}
+	if si, ok, err := object(f, "systemInstruction"); err != nil {
+		return gr, err
+	} else if ok {
+		c, err := decodeContent(si)
+		if err != nil {
+			return gr, err
+		}
+		gr.SystemInstruction = &c
+	}
+	err = objects(f, "tools", func(o reqjson.Fields) error {
+		var t gemTool
+		err := objects(o, "functionDeclarations", func(d reqjson.Fields) error {
+			fd, err := decodeDeclaration(d)
+			t.FunctionDeclarations = append(t.FunctionDeclarations, fd)
+			return err
+		})
+		gr.Tools = append(gr.Tools, t)
+		return err
+	})
+	if err != nil {
+		return gr, err
+	}
+	if tc, ok, err := object(f, "toolConfig"); err != nil {
+		return gr, err
+	} else if ok {
+		if gr.ToolConfig, err = decodeToolConfig(tc); err != nil {
+			return gr, err
+		}
+	}
+	if gc, ok, err := object(f, "generationConfig"); err != nil {
+		return gr, err
+	} else if ok {
+		if gr.GenerationConfig, err = decodeGenerationConfig(gc); err != nil {
+			return gr, err
+		}
+	}
+	if inner, ok, err := object(f, "generateContentRequest"); err != nil {
+		return gr, err
+	} else if ok {
+		r, err := decodeRequest(inner)
+		if err != nil {
+			return gr, err
+		}
+		gr.GenerateContentRequest = &r
+	}
+	return gr, nil
 }
 
-// gemCamelize rewrites snake_case keys (system_instruction, inline_data, …) to the
-// camelCase the typed structs read, except inside gemOpaqueKeys values. A body with no
-// underscore at all is returned as is.
-func gemCamelize(body []byte) ([]byte, error) {
-	if !bytes.ContainsRune(body, '_') {
-		return body, nil
+func decodeContent(f reqjson.Fields) (gemContent, error) {
+	var c gemContent
+	var err error
+	if c.Role, err = field(f, "role").String(); err != nil {
+		return c, err
 	}
-	if !json.Valid(body) {
-		var v any
-		return nil, json.Unmarshal(body, &v) // the syntax error, with its offset
-	}
-	return gemCamelizeValue(body)
+	c.Parts, err = decodeParts(f)
+	return c, err
 }
 
-func gemCamelizeValue(raw json.RawMessage) (json.RawMessage, error) {
-	t := bytes.TrimLeft(raw, " \t\r\n")
-	if len(t) == 0 || !bytes.ContainsRune(t, '_') {
-		return raw, nil
+func decodeParts(f reqjson.Fields) ([]gemPart, error) {
+	var parts []gemPart
+	err := objects(f, "parts", func(o reqjson.Fields) error {
+		p, err := decodePart(o)
+		parts = append(parts, p)
+		return err
+	})
+	return parts, err
+}
+
+func decodePart(f reqjson.Fields) (gemPart, error) {
+	var p gemPart
+	var err error
+	if tv := field(f, "text"); !tv.IsNull() {
+		s, err := tv.String()
+		if err != nil {
+			return p, err
+		}
+		p.Text = &s
 	}
-	switch t[0] {
-	case '{':
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(t, &m); err != nil {
+	if p.Thought, err = field(f, "thought").Bool(); err != nil {
+		return p, err
+	}
+	if p.ThoughtSignature, err = field(f, "thoughtSignature").String(); err != nil {
+		return p, err
+	}
+	if o, ok, err := object(f, "inlineData"); err != nil {
+		return p, err
+	} else if ok {
+		var b gemBlob
+		if b.MimeType, err = field(o, "mimeType").String(); err != nil {
+			return p, err
+		}
+		if b.Data, err = field(o, "data").String(); err != nil {
+			return p, err
+		}
+		p.InlineData = &b
+	}
+	if o, ok, err := object(f, "fileData"); err != nil {
+		return p, err
+	} else if ok {
+		var fd gemFileData
+		if fd.MimeType, err = field(o, "mimeType").String(); err != nil {
+			return p, err
+		}
+		if fd.FileURI, err = field(o, "fileUri").String(); err != nil {
+			return p, err
+		}
+		p.FileData = &fd
+	}
+	if o, ok, err := object(f, "functionCall"); err != nil {
+		return p, err
+	} else if ok {
+		var fc gemFunctionCall
+		if fc.ID, err = field(o, "id").String(); err != nil {
+			return p, err
+		}
+		if fc.Name, err = field(o, "name").String(); err != nil {
+			return p, err
+		}
+		fc.Args = field(o, "args").Raw()
+		p.FunctionCall = &fc
+	}
+	if o, ok, err := object(f, "functionResponse"); err != nil {
+		return p, err
+	} else if ok {
+		var fr gemFunctionResponse
+		if fr.ID, err = field(o, "id").String(); err != nil {
+			return p, err
+		}
+		if fr.Name, err = field(o, "name").String(); err != nil {
+			return p, err
+		}
+		fr.Response = field(o, "response").Raw()
+		if fr.Parts, err = decodeParts(o); err != nil {
+			return p, err
+		}
+		p.FunctionResponse = &fr
+	}
+	return p, nil
+}
+
+func decodeDeclaration(f reqjson.Fields) (gemFunctionDeclaration, error) {
+	var fd gemFunctionDeclaration
+	var err error
+	if fd.Name, err = field(f, "name").String(); err != nil {
+		return fd, err
+	}
+	if fd.Description, err = field(f, "description").String(); err != nil {
+		return fd, err
+	}
+	fd.Parameters = field(f, "parameters").Raw()
+	fd.ParametersJSONSchema = field(f, "parametersJsonSchema").Raw()
+	return fd, nil
+}
+
+func decodeToolConfig(f reqjson.Fields) (*gemToolConfig, error) {
+	fcc, ok, err := object(f, "functionCallingConfig")
+	if err != nil || !ok {
+		return &gemToolConfig{}, err
+	}
+	tc := &gemToolConfig{FunctionCallingConfig: &gemFunctionCallingConfig{}}
+	if tc.FunctionCallingConfig.Mode, err = field(fcc, "mode").String(); err != nil {
+		return nil, err
+	}
+	if tc.FunctionCallingConfig.AllowedFunctionNames, err = field(fcc, "allowedFunctionNames").Strings(); err != nil {
+		return nil, err
+	}
+	return tc, nil
+}
+
+func decodeGenerationConfig(f reqjson.Fields) (*gemGenerationConfig, error) {
+	g := &gemGenerationConfig{}
+	var err error
+	for _, n := range []struct {
+		key string
+		to  **float64
+	}{
+		{"maxOutputTokens", &g.MaxOutputTokens}, {"temperature", &g.Temperature}, {"topP", &g.TopP},
+		{"topK", &g.TopK}, {"candidateCount", &g.CandidateCount},
+	} {
+		if *n.to, err = field(f, n.key).Number(); err != nil {
 			return nil, err
 		}
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		out := make(map[string]json.RawMessage, len(m))
-		// camelCase keys first, so that they win over a snake_case spelling of the same key.
-		for pass := 0; pass < 2; pass++ {
-			for _, k := range keys {
-				ck := gemCamel(k)
-				if (pass == 0) != (ck == k) {
-					continue
-				}
-				if _, dup := out[ck]; dup {
-					continue
-				}
-				v := m[k]
-				if !gemOpaqueKeys[ck] {
-					var err error
-					if v, err = gemCamelizeValue(v); err != nil {
-						return nil, err
-					}
-				}
-				out[ck] = v
-			}
-		}
-		return json.Marshal(out)
-	case '[':
-		var a []json.RawMessage
-		if err := json.Unmarshal(t, &a); err != nil {
+	}
+	if g.StopSequences, err = field(f, "stopSequences").Strings(); err != nil {
+		return nil, err
+	}
+	if tc, ok, err := object(f, "thinkingConfig"); err != nil {
+		return nil, err
+	} else if ok {
+		g.ThinkingConfig = &gemThinkingConfig{}
+		if g.ThinkingConfig.ThinkingBudget, err = field(tc, "thinkingBudget").Number(); err != nil {
 			return nil, err
 		}
-		for i := range a {
-			v, err := gemCamelizeValue(a[i])
+		if iv := field(tc, "includeThoughts"); !iv.IsNull() {
+			b, err := iv.Bool()
 			if err != nil {
 				return nil, err
 			}
-			a[i] = v
-		}
-		return json.Marshal(a)
-	}
-	return raw, nil
-}
-
-// gemCamel maps "max_output_tokens" to "maxOutputTokens"; keys starting with "_" are kept.
-func gemCamel(k string) string {
-	if !strings.Contains(k, "_") || strings.HasPrefix(k, "_") {
-		return k
-	}
-	var b strings.Builder
-	up := false
-	for _, c := range k {
-		switch {
-		case c == '_':
-			up = true
-		case up:
-			b.WriteString(strings.ToUpper(string(c)))
-			up = false
-		default:
-			b.WriteRune(c)
+			g.ThinkingConfig.IncludeThoughts = &b
 		}
 	}
-	return b.String()
+	return g, nil
 }
 
 // gemPendingCall is a function call of the previous model turn awaiting its response.
