@@ -303,7 +303,7 @@ func TestBadInputAndFaults(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"malformed JSON", func() *fakeVLLM { return &fakeVLLM{} }, "/v1/chat/completions", "key-1", `{"model":`, 400, "not a valid chat completions request"},
+		{"malformed JSON", func() *fakeVLLM { return &fakeVLLM{} }, "/v1/chat/completions", "key-1", `{"model":`, 400, "request body: malformed JSON"},
 		{"missing messages", func() *fakeVLLM { return &fakeVLLM{} }, "/v1/chat/completions", "key-1", `{"model":"m"}`, 400, "messages"},
 		{"unknown path", func() *fakeVLLM { return &fakeVLLM{} }, "/v2/frobnicate", "key-1", `{}`, 404, "floe serves no POST /v2/frobnicate"},
 		{"missing key", func() *fakeVLLM { return &fakeVLLM{} }, "/v1/chat/completions", "", fmt.Sprintf(chatBody, ""), 401, "unknown API key"},

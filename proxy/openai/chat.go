@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
-	gojson "github.com/goccy/go-json"
+	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
 // OpenAIChat is the OpenAI Chat Completions API (/v1/chat/completions): the upstream's own
@@ -29,93 +29,213 @@ type chatState struct {
 	includeUsage bool
 }
 
-// chatIn is a Chat Completions request as callers send it: stop may be a string, the
+// Decode reads a Chat Completions request as callers send it: stop may be a string, the
 // token limit has two names, developer is a system role, reasoning_effort may turn
 // thinking off.
-type chatIn struct {
-	Model               string           `json:"model"`
-	Messages            []chatInMessage  `json:"messages"`
-	Tools               []proxy.ChatTool `json:"tools"`
-	ToolChoice          json.RawMessage  `json:"tool_choice"`
-	ParallelToolCalls   *bool            `json:"parallel_tool_calls"`
-	MaxTokens           *int             `json:"max_tokens"`
-	MaxCompletionTokens *int             `json:"max_completion_tokens"`
-	Temperature         *float64         `json:"temperature"`
-	TopP                *float64         `json:"top_p"`
-	Stop                json.RawMessage  `json:"stop"`
-	N                   *int             `json:"n"`
-	Stream              bool             `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	ReasoningEffort    string         `json:"reasoning_effort"`
-	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
-}
-
-type chatInMessage struct {
-	Role             string               `json:"role"`
-	Content          json.RawMessage      `json:"content"`
-	Name             string               `json:"name"`
-	ToolCalls        []proxy.ChatToolCall `json:"tool_calls"`
-	ToolCallID       string               `json:"tool_call_id"`
-	ReasoningContent string               `json:"reasoning_content"`
-	Reasoning        string               `json:"reasoning"`
-}
-
 func (Chat) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
-	var in chatIn
-	if err := gojson.Unmarshal(body, &in); err != nil {
-		return nil, proxy.InvalidRequest("the request body is not a valid chat completions request: %v", err)
+	top, err := reqjson.Parse(body)
+	if err != nil {
+		return nil, err
 	}
-	if in.Model == "" {
-		return nil, proxy.InvalidRequest("missing required field: model")
+	model, err := top.Get("model").NonEmptyString()
+	if err != nil {
+		return nil, err
 	}
-	if len(in.Messages) == 0 {
-		return nil, proxy.InvalidRequest("missing required field: messages (at least one message)")
+	msgv := top.Get("messages")
+	msgs, err := msgv.Array()
+	if err != nil {
+		return nil, err
 	}
-	out := proxy.ChatRequest{
-		Model: in.Model, Tools: in.Tools, ToolChoice: in.ToolChoice, ParallelToolCalls: in.ParallelToolCalls,
-		Temperature: in.Temperature, TopP: in.TopP, N: in.N, Stream: in.Stream, ChatTemplateKwargs: in.ChatTemplateKwargs,
+	if len(msgs) == 0 {
+		return nil, msgv.Errorf("required (at least one message)")
 	}
-	out.MaxCompletionTokens = in.MaxCompletionTokens
+	out := proxy.ChatRequest{Model: model, ToolChoice: top.Get("tool_choice").Raw()}
+	if out.Tools, err = chatTools(top.Get("tools")); err != nil {
+		return nil, err
+	}
+	if pv := top.Get("parallel_tool_calls"); !pv.IsNull() {
+		b, err := pv.Bool()
+		if err != nil {
+			return nil, err
+		}
+		out.ParallelToolCalls = &b
+	}
+	if out.MaxCompletionTokens, err = top.Get("max_completion_tokens").Int(); err != nil {
+		return nil, err
+	}
+	maxTokens, err := top.Get("max_tokens").Int()
+	if err != nil {
+		return nil, err
+	}
 	if out.MaxCompletionTokens == nil {
-		out.MaxCompletionTokens = in.MaxTokens
+		out.MaxCompletionTokens = maxTokens
 	}
-	if len(in.Stop) > 0 && string(in.Stop) != "null" {
-		var one string
-		if json.Unmarshal(in.Stop, &one) == nil {
-			out.Stop = []string{one}
-		} else if err := json.Unmarshal(in.Stop, &out.Stop); err != nil {
-			return nil, proxy.InvalidRequest("stop must be a string or an array of strings")
+	if out.Temperature, err = top.Get("temperature").Number(); err != nil {
+		return nil, err
+	}
+	if out.TopP, err = top.Get("top_p").Number(); err != nil {
+		return nil, err
+	}
+	if out.N, err = top.Get("n").Int(); err != nil {
+		return nil, err
+	}
+	if out.Stream, err = top.Get("stream").Bool(); err != nil {
+		return nil, err
+	}
+	switch stop := top.Get("stop"); stop.Kind() {
+	case reqjson.String:
+		s, err := stop.String()
+		if err != nil {
+			return nil, err
+		}
+		out.Stop = []string{s}
+	case reqjson.Null, reqjson.Array:
+		if out.Stop, err = stop.Strings(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, stop.Wrong("string or array of strings")
+	}
+	so, err := top.Get("stream_options").Object()
+	if err != nil {
+		return nil, err
+	}
+	includeUsage, err := so.Get("include_usage").Bool()
+	if err != nil {
+		return nil, err
+	}
+	kw := top.Get("chat_template_kwargs")
+	if _, err := kw.Object(); err != nil {
+		return nil, err
+	}
+	if !kw.IsNull() {
+		if err := json.Unmarshal(kw.Raw(), &out.ChatTemplateKwargs); err != nil {
+			return nil, kw.Errorf("malformed object: %v", err)
 		}
 	}
-	switch in.ReasoningEffort {
+	effort, err := top.Get("reasoning_effort").String()
+	if err != nil {
+		return nil, err
+	}
+	switch effort {
 	case "none", "minimal":
 		out.ChatTemplateKwargs = withKwarg(out.ChatTemplateKwargs, "enable_thinking", false)
 	case "low", "medium", "high":
 		out.ChatTemplateKwargs = withKwarg(out.ChatTemplateKwargs, "enable_thinking", true)
 	}
-	for i, m := range in.Messages {
-		cm := proxy.ChatMessage{Role: m.Role, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID, ReasoningContent: m.ReasoningContent}
-		if cm.ReasoningContent == "" {
-			cm.ReasoningContent = m.Reasoning
-		}
-		switch m.Role {
-		case "developer":
-			cm.Role = "system"
-		case "system", "user", "assistant", "tool":
-		default:
-			return nil, proxy.InvalidRequest("messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
-		}
-		content, err := chatContent(m.Content)
+	for _, mv := range msgs {
+		cm, err := chatMessage(mv)
 		if err != nil {
-			return nil, proxy.InvalidRequest("messages[%d].content: %v", i, err)
+			return nil, err
 		}
-		cm.Content = content
 		out.Messages = append(out.Messages, cm)
 	}
-	st := chatState{includeUsage: in.StreamOptions != nil && in.StreamOptions.IncludeUsage}
-	return &proxy.Request{Chat: out, Model: in.Model, Stream: in.Stream, State: st}, nil
+	return &proxy.Request{Chat: out, Model: model, Stream: out.Stream, State: chatState{includeUsage: includeUsage}}, nil
+}
+
+// chatMessage reads one message; developer is a system role, reasoning another name of
+// reasoning_content.
+func chatMessage(v reqjson.Value) (proxy.ChatMessage, error) {
+	var cm proxy.ChatMessage
+	m, err := v.Object()
+	if err != nil {
+		return cm, err
+	}
+	rolev := m.Get("role")
+	if cm.Role, err = rolev.String(); err != nil {
+		return cm, err
+	}
+	switch cm.Role {
+	case "developer":
+		cm.Role = "system"
+	case "system", "user", "assistant", "tool":
+	default:
+		return cm, rolev.Errorf("%q is not one of system, developer, user, assistant, tool", cm.Role)
+	}
+	for _, f := range []struct {
+		key string
+		to  *string
+	}{{"name", &cm.Name}, {"tool_call_id", &cm.ToolCallID}, {"reasoning_content", &cm.ReasoningContent}} {
+		if *f.to, err = m.Get(f.key).String(); err != nil {
+			return cm, err
+		}
+	}
+	if cm.ReasoningContent == "" {
+		if cm.ReasoningContent, err = m.Get("reasoning").String(); err != nil {
+			return cm, err
+		}
+	}
+	if cm.ToolCalls, err = chatToolCalls(m.Get("tool_calls")); err != nil {
+		return cm, err
+	}
+	cm.Content, err = chatContent(m.Get("content"))
+	return cm, err
+}
+
+// chatToolCalls reads an assistant message's tool calls.
+func chatToolCalls(v reqjson.Value) ([]proxy.ChatToolCall, error) {
+	elems, err := v.Array()
+	if err != nil {
+		return nil, err
+	}
+	var out []proxy.ChatToolCall
+	for _, e := range elems {
+		c, err := e.Object()
+		if err != nil {
+			return nil, err
+		}
+		var tc proxy.ChatToolCall
+		if tc.ID, err = c.Get("id").String(); err != nil {
+			return nil, err
+		}
+		if tc.Type, err = c.Get("type").String(); err != nil {
+			return nil, err
+		}
+		fn, err := c.Get("function").Object()
+		if err != nil {
+			return nil, err
+		}
+		if tc.Function.Name, err = fn.Get("name").String(); err != nil {
+			return nil, err
+		}
+		if tc.Function.Arguments, err = fn.Get("arguments").String(); err != nil {
+			return nil, err
+		}
+		out = append(out, tc)
+	}
+	return out, nil
+}
+
+// chatTools reads the tools, forwarded as they are.
+func chatTools(v reqjson.Value) ([]proxy.ChatTool, error) {
+	elems, err := v.Array()
+	if err != nil {
+		return nil, err
+	}
+	var out []proxy.ChatTool
+	for _, e := range elems {
+		t, err := e.Object()
+		if err != nil {
+			return nil, err
+		}
+		var ct proxy.ChatTool
+		if ct.Type, err = t.Get("type").String(); err != nil {
+			return nil, err
+		}
+		fn, err := t.Get("function").Object()
+		if err != nil {
+			return nil, err
+		}
+		if ct.Function.Name, err = fn.Get("name").String(); err != nil {
+			return nil, err
+		}
+		if ct.Function.Description, err = fn.Get("description").String(); err != nil {
+			return nil, err
+		}
+		ct.Function.Parameters = fn.Get("parameters").Raw()
+		out = append(out, ct)
+	}
+	return out, nil
 }
 
 func withKwarg(m map[string]any, k string, v any) map[string]any {
@@ -130,34 +250,61 @@ func withKwarg(m map[string]any, k string, v any) map[string]any {
 
 // chatContent keeps a string as a string and a parts list as ChatParts; text-only part
 // lists become one string, as the chat template would join them anyway.
-func chatContent(raw json.RawMessage) (any, error) {
-	if len(raw) == 0 || string(raw) == "null" {
+func chatContent(v reqjson.Value) (any, error) {
+	switch v.Kind() {
+	case reqjson.Null:
 		return "", nil
+	case reqjson.String:
+		return v.String()
+	case reqjson.Array:
+	default:
+		return nil, v.Wrong("string or array of content parts")
 	}
-	if raw[0] == '"' {
-		var s string
-		if err := gojson.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("must be a string or an array of content parts")
-		}
-		return s, nil
+	elems, err := v.Array()
+	if err != nil {
+		return nil, err
 	}
-	var parts []proxy.ChatPart
-	if err := gojson.Unmarshal(raw, &parts); err != nil {
-		return nil, fmt.Errorf("must be a string or an array of content parts")
-	}
+	parts := make([]proxy.ChatPart, 0, len(elems))
 	var text strings.Builder
-	for i, p := range parts {
+	image := false
+	for _, e := range elems {
+		po, err := e.Object()
+		if err != nil {
+			return nil, err
+		}
+		var p proxy.ChatPart
+		typv := po.Get("type")
+		if p.Type, err = typv.String(); err != nil {
+			return nil, err
+		}
+		if p.Text, err = po.Get("text").String(); err != nil {
+			return nil, err
+		}
 		switch p.Type {
 		case "text", "input_text", "output_text":
 			text.WriteString(p.Text)
 		case "image_url":
-			if p.ImageURL == nil || p.ImageURL.URL == "" {
-				return nil, fmt.Errorf("part %d: image_url needs a url", i)
+			iv := po.Get("image_url")
+			img, err := iv.Object()
+			if err != nil {
+				return nil, err
 			}
-			return parts, nil
+			url, err := img.Get("url").String()
+			if err != nil {
+				return nil, err
+			}
+			if url == "" {
+				return nil, iv.Errorf("needs a url")
+			}
+			p.ImageURL = &proxy.ChatImageURL{URL: url}
+			image = true
 		default:
-			return nil, fmt.Errorf("part %d has unknown type %q", i, p.Type)
+			return nil, typv.Errorf("unknown content part type %q", p.Type)
 		}
+		parts = append(parts, p)
+	}
+	if image {
+		return parts, nil
 	}
 	return text.String(), nil
 }

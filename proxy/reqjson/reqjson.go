@@ -30,6 +30,9 @@ import (
 	"math"
 	"strconv"
 
+	// goccy/go-json decodes like encoding/json, several times faster; a long agent
+	// history is decoded level by level, so its speed matters.
+
 	"github.com/floe-rl/floe/proxy"
 )
 
@@ -50,14 +53,17 @@ const BodyPath = "request body"
 
 // Value is one JSON value of a request and the path that names it in errors.
 type Value struct {
-	raw  json.RawMessage
-	path string
+	raw json.RawMessage
+	// The path is built only when asked for (mostly for an error): parent's path, then
+	// .key, or [index] when index >= 0.
+	parent, key string
+	index       int
 }
 
 // Fields is a JSON object whose fields are read by name.
 type Fields struct {
 	path   string
-	fields map[string]json.RawMessage
+	fields []field // in order; a key sent twice counts as its last value, as in encoding/json
 }
 
 // Parse checks that body is well-formed JSON holding an object and returns its fields.
@@ -66,7 +72,7 @@ func Parse(body []byte) (Fields, error) {
 	if v.Kind() == Null {
 		return Fields{}, v.Errorf("want object, got nothing")
 	}
-	if !json.Valid(body) {
+	if !valid(body) {
 		var probe any
 		err := json.Unmarshal(body, &probe)
 		return Fields{}, v.Errorf("malformed JSON: %v", err)
@@ -82,11 +88,19 @@ func Parse(body []byte) (Fields, error) {
 // At is raw as a Value named path; raw must be well-formed JSON (a part of a body Parse
 // accepted) or empty (absent).
 func At(raw json.RawMessage, path string) Value {
-	return Value{raw: bytes.TrimSpace(raw), path: path}
+	return Value{raw: bytes.TrimSpace(raw), key: path, index: -1}
 }
 
 // Path names the value in errors.
-func (v Value) Path() string { return v.path }
+func (v Value) Path() string {
+	switch {
+	case v.index >= 0:
+		return v.parent + "[" + strconv.Itoa(v.index) + "]"
+	case v.parent == "":
+		return v.key
+	}
+	return v.parent + "." + v.key
+}
 
 // Raw is the value's JSON text, nil when it is absent or null.
 func (v Value) Raw() json.RawMessage {
@@ -121,7 +135,7 @@ func (v Value) IsNull() bool { return v.Kind() == Null }
 
 // Errorf is an invalid-request error about the value: "<path>: <message>".
 func (v Value) Errorf(format string, args ...any) error {
-	return proxy.InvalidRequest("%s: %s", v.path, fmt.Sprintf(format, args...))
+	return proxy.InvalidRequest("%s: %s", v.Path(), fmt.Sprintf(format, args...))
 }
 
 // Wrong is the error for a value of the wrong type: "<path>: want <want>, got <kind>".
@@ -143,9 +157,9 @@ func (v Value) String() (string, error) {
 	case Null:
 		return "", nil
 	case String:
-		var s string
-		if err := json.Unmarshal(v.raw, &s); err != nil {
-			return "", v.Errorf("malformed string: %v", err)
+		s, err := decodeString(v.raw)
+		if err != nil {
+			return "", v.Errorf("malformed string")
 		}
 		return s, nil
 	}
@@ -210,13 +224,13 @@ func (v Value) Int() (*int, error) {
 func (v Value) Object() (Fields, error) {
 	switch v.Kind() {
 	case Null:
-		return Fields{path: v.path}, nil
+		return Fields{path: v.Path()}, nil
 	case Object:
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(v.raw, &m); err != nil {
-			return Fields{}, v.Errorf("malformed object: %v", err)
+		fields, err := scanObject(v.raw)
+		if err != nil {
+			return Fields{}, v.Errorf("malformed object")
 		}
-		return Fields{path: v.path, fields: m}, nil
+		return Fields{path: v.Path(), fields: fields}, nil
 	}
 	return Fields{}, v.Wrong("object")
 }
@@ -227,13 +241,14 @@ func (v Value) Array() ([]Value, error) {
 	case Null:
 		return nil, nil
 	case Array:
-		var a []json.RawMessage
-		if err := json.Unmarshal(v.raw, &a); err != nil {
-			return nil, v.Errorf("malformed array: %v", err)
+		elems, err := scanArray(v.raw)
+		if err != nil {
+			return nil, v.Errorf("malformed array")
 		}
-		out := make([]Value, len(a))
-		for i, raw := range a {
-			out[i] = At(raw, fmt.Sprintf("%s[%d]", v.path, i))
+		out := make([]Value, len(elems))
+		parent := v.Path()
+		for i, raw := range elems {
+			out[i] = Value{raw: raw, parent: parent, index: i}
 		}
 		return out, nil
 	}
@@ -259,11 +274,14 @@ func (v Value) Strings() ([]string, error) {
 
 // Get is the field key, named "<path>.key" (just "key" at the top of the body).
 func (f Fields) Get(key string) Value {
-	p := key
-	if f.path != "" {
-		p = f.path + "." + key
+	v := Value{parent: f.path, key: key, index: -1}
+	for i := len(f.fields) - 1; i >= 0; i-- {
+		if f.fields[i].key == key {
+			v.raw = f.fields[i].raw
+			break
+		}
 	}
-	return At(f.fields[key], p)
+	return v
 }
 
 // Has reports whether the field key is present and not null.
@@ -272,14 +290,14 @@ func (f Fields) Has(key string) bool { return !f.Get(key).IsNull() }
 // Path names the object in errors ("" for the body itself).
 func (f Fields) Path() string { return f.path }
 
-// Len is the number of fields, null ones included.
+// Len is the number of fields, null and repeated ones included.
 func (f Fields) Len() int { return len(f.fields) }
 
-// Keys are the object's field names, in no particular order.
+// Keys are the object's field names in the order sent (a repeated key repeats).
 func (f Fields) Keys() []string {
 	out := make([]string, 0, len(f.fields))
-	for k := range f.fields {
-		out = append(out, k)
+	for _, fl := range f.fields {
+		out = append(out, fl.key)
 	}
 	return out
 }

@@ -1,6 +1,8 @@
 package reqjson
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"reflect"
@@ -188,6 +190,36 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, k := range top.Keys() {
 			walk(top.Get(k), 0)
+		}
+	})
+}
+
+// FuzzDecodeString: strings decode exactly as encoding/json decodes them.
+func FuzzDecodeString(f *testing.F) {
+	for _, s := range []string{`"plain"`, `"a\nb\u00e9\ud83d\ude00"`, `"\ud800x"`, "\"\xff\"", `"\/\b\f\r\t\"\\"`, `"\u12"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, s []byte) {
+		var want string
+		wantErr := json.Unmarshal(s, &want)
+		if wantErr != nil || len(bytes.TrimSpace(s)) != len(s) || len(s) == 0 || s[0] != '"' {
+			return
+		}
+		got, err := decodeString(s)
+		if err != nil || got != want {
+			t.Fatalf("decodeString(%q) = %q, %v; encoding/json: %q", s, got, err, want)
+		}
+	})
+}
+
+// FuzzValid: the body check agrees with encoding/json.Valid.
+func FuzzValid(f *testing.F) {
+	for _, s := range []string{`{"a":[1,-0.5e+3,true,false,null,"x\u00e9"]}`, `01`, `1.`, `-`, `"\x"`, "\"\x01\"", ` [ ] `, `{"a" 1}`, `[1,]`, `1e400`, "\"\xff\""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := valid(b), json.Valid(b); got != want {
+			t.Fatalf("valid(%q) = %v, encoding/json says %v", b, got, want)
 		}
 	})
 }
