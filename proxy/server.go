@@ -248,8 +248,9 @@ func (s *Server) authenticate(r *http.Request) (string, bool) {
 func (s *Server) fail(w http.ResponseWriter, d Dialect, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
+		// floe's own errors name sessions and store paths, which the harness must not see.
 		s.log().Error("request failed", "err", err)
-		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe: " + err.Error()}
+		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe failed to serve the call; its log says why"}
 	}
 	s.writeError(w, d, e)
 }
@@ -332,8 +333,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		if stream == nil {
 			s.fail(w, d, err)
 		} else {
+			s.log().Error("recording a streamed call", "err", err)
 			s.countError(d, ErrInternal)
-			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call: " + err.Error()})
+			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call; its log says why"})
 		}
 		return
 	}

@@ -522,3 +522,24 @@ func TestUpstreamDyingBeforeTheFirstDelta(t *testing.T) {
 		t.Fatalf("status %d body %s; want a 502 error body", resp.StatusCode, b)
 	}
 }
+
+// failingRecorder refuses every call, with an error naming the session and a file path.
+type failingRecorder struct{}
+
+func (failingRecorder) Record(_ context.Context, c *trace.Call) error {
+	return fmt.Errorf("writing /var/lib/floe/%s.db: disk full", c.SessionID)
+}
+
+// TestInternalErrorsNameNoSessionOrPath: a failure of floe's own (here the store) reaches
+// the harness as a 500 that names neither the session nor a file path, streamed or not.
+func TestInternalErrorsNameNoSessionOrPath(t *testing.T) {
+	f := newFixture(t, &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"})
+	f.srv.Recorder = failingRecorder{}
+	for _, extra := range []string{"", `,"stream":true`} {
+		resp := f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, extra))
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), "floe") || strings.Contains(string(b), "sess-1") || strings.Contains(string(b), "/var/lib") {
+			t.Errorf("stream=%v: status %d body %s; want an error naming no session or path", extra != "", resp.StatusCode, b)
+		}
+	}
+}
