@@ -17,7 +17,7 @@ import (
 	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
-// Anthropic is the Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens,
+// Dialect is the Anthropic Messages API (POST /v1/messages, /v1/messages/count_tokens,
 // GET /v1/models) as Claude Code and other harnesses speak it.
 //
 // Translation decisions, both ways:
@@ -662,42 +662,42 @@ func decodeToolChoice(v reqjson.Value) (choice json.RawMessage, named string, pa
 
 // ---- answers ----
 
-type anthUsage struct {
+type messageUsage struct {
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`
 }
 
-type anthMessage struct {
-	ID           string    `json:"id"`
-	Type         string    `json:"type"`
-	Role         string    `json:"role"`
-	Model        string    `json:"model"`
-	Content      []any     `json:"content"`
-	StopReason   *string   `json:"stop_reason"`
-	StopSequence *string   `json:"stop_sequence"`
-	Usage        anthUsage `json:"usage"`
+type message struct {
+	ID           string       `json:"id"`
+	Type         string       `json:"type"`
+	Role         string       `json:"role"`
+	Model        string       `json:"model"`
+	Content      []any        `json:"content"`
+	StopReason   *string      `json:"stop_reason"`
+	StopSequence *string      `json:"stop_sequence"`
+	Usage        messageUsage `json:"usage"`
 }
 
-type anthThinkingBlock struct {
+type thinkingBlock struct {
 	Type      string `json:"type"` // thinking
 	Thinking  string `json:"thinking"`
 	Signature string `json:"signature"`
 }
 
-type anthTextBlock struct {
+type textBlock struct {
 	Type string `json:"type"` // text
 	Text string `json:"text"`
 }
 
-type anthToolUseBlock struct {
+type toolUseBlock struct {
 	Type  string          `json:"type"` // tool_use
 	ID    string          `json:"id"`
 	Name  string          `json:"name"`
 	Input json.RawMessage `json:"input"`
 }
 
-// anthStopReason maps a normalized finish reason to Anthropic's stop_reason.
-func anthStopReason(finish string, toolCalls bool) string {
+// stopReason maps a normalized finish reason to Anthropic's stop_reason.
+func stopReason(finish string, toolCalls bool) string {
 	switch finish {
 	case proxy.FinishLength:
 		return "max_tokens"
@@ -712,8 +712,8 @@ func anthStopReason(finish string, toolCalls bool) string {
 	return "end_turn"
 }
 
-// anthInput turns arguments into a tool_use input: the JSON object, or {"_raw": arguments}.
-func anthInput(args string) json.RawMessage {
+// input turns arguments into a tool_use input: the JSON object, or {"_raw": arguments}.
+func input(args string) json.RawMessage {
 	if strings.TrimSpace(args) == "" {
 		return json.RawMessage(`{}`)
 	}
@@ -724,19 +724,19 @@ func anthInput(args string) json.RawMessage {
 	return b
 }
 
-func anthModel(req *proxy.Request) string {
+func modelOf(req *proxy.Request) string {
 	if req == nil {
 		return ""
 	}
 	return req.Model
 }
 
-func anthNewID(prefix string) string { return prefix + rand.Text() }
+func newID(prefix string) string { return prefix + rand.Text() }
 
 // WriteResponse writes a complete answer as an Anthropic message.
 func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
-	msg := anthMessage{
-		ID: anthNewID("msg_"), Type: "message", Role: "assistant", Model: anthModel(req),
+	msg := message{
+		ID: newID("msg_"), Type: "message", Role: "assistant", Model: modelOf(req),
 		Content: []any{},
 	}
 	if res == nil {
@@ -751,23 +751,23 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 		m, finish = res.Choices[0].Message, res.Choices[0].FinishReason
 	}
 	if m.ReasoningContent != "" {
-		msg.Content = append(msg.Content, anthThinkingBlock{"thinking", m.ReasoningContent, proxy.ReasoningSignature(m.ReasoningContent)})
+		msg.Content = append(msg.Content, thinkingBlock{"thinking", m.ReasoningContent, proxy.ReasoningSignature(m.ReasoningContent)})
 	}
 	if text := proxy.ContentText(m.Content); text != "" {
-		msg.Content = append(msg.Content, anthTextBlock{"text", text})
+		msg.Content = append(msg.Content, textBlock{"text", text})
 	}
 	for _, tc := range m.ToolCalls {
 		id := tc.ID
 		if id == "" {
-			id = anthNewID("toolu_")
+			id = newID("toolu_")
 		}
-		msg.Content = append(msg.Content, anthToolUseBlock{"tool_use", id, tc.Function.Name, anthInput(tc.Function.Arguments)})
+		msg.Content = append(msg.Content, toolUseBlock{"tool_use", id, tc.Function.Name, input(tc.Function.Arguments)})
 	}
-	stop := anthStopReason(finish, len(m.ToolCalls) > 0)
+	stop := stopReason(finish, len(m.ToolCalls) > 0)
 	msg.StopReason = &stop
-	msg.Usage = anthUsage{InputTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CompletionTokens}
+	msg.Usage = messageUsage{InputTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CompletionTokens}
 
-	// Not writeJSON: tool inputs are written byte for byte (no HTML escaping inside them),
+	// Not proxy.WriteJSON: tool inputs are written byte for byte (no HTML escaping inside them),
 	// so the harness echoes back exactly the arguments the model produced.
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -783,55 +783,55 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 
 // ---- errors, models, count ----
 
-type anthErrorDetail struct {
+type errorDetail struct {
 	Type    string `json:"type"`
 	Message string `json:"message"`
 }
 
-type anthErrorBody struct {
-	Type  string          `json:"type"` // error
-	Error anthErrorDetail `json:"error"`
+type errorBody struct {
+	Type  string      `json:"type"` // error
+	Error errorDetail `json:"error"`
 }
 
 var (
 	// Older vLLM (and the reference server): "… However, you requested 49177 tokens
 	// (17177 in the messages, 32000 in the completion). …"
-	anthOldBudgetRE = regexp.MustCompile(`\((\d+) in the messages, (\d+) in the completion\)`)
+	oldBudgetRE = regexp.MustCompile(`\((\d+) in the messages, (\d+) in the completion\)`)
 	// Newer vLLM: "'max_tokens' or 'max_completion_tokens' is too large: 32000. This
 	// model's maximum context length is 32768 tokens and your request has 17177 input
 	// tokens (32000 > 32768 - 17177)."
-	anthBudgetRE = regexp.MustCompile(`too large: (\d+)\.`)
+	budgetRE = regexp.MustCompile(`too large: (\d+)\.`)
 	// "… your request has 17177 input tokens …" (both the budget and the prompt-only error)
-	anthInputRE = regexp.MustCompile(`your request has (\d+) input tokens`)
+	inputRE = regexp.MustCompile(`your request has (\d+) input tokens`)
 )
 
-// anthContextNumbers reads a context-length error's prompt tokens and, when the upstream
+// contextNumbers reads a context-length error's prompt tokens and, when the upstream
 // named one, the completion budget (max_tokens) that pushed the request over the limit.
-func anthContextNumbers(err *proxy.Error) (prompt, budget int) {
+func contextNumbers(err *proxy.Error) (prompt, budget int) {
 	prompt = err.PromptTokens
-	if m := anthOldBudgetRE.FindStringSubmatch(err.Message); m != nil {
+	if m := oldBudgetRE.FindStringSubmatch(err.Message); m != nil {
 		prompt, _ = strconv.Atoi(m[1])
 		budget, _ = strconv.Atoi(m[2])
 		return prompt, budget
 	}
-	if m := anthInputRE.FindStringSubmatch(err.Message); m != nil {
+	if m := inputRE.FindStringSubmatch(err.Message); m != nil {
 		prompt, _ = strconv.Atoi(m[1])
 	}
-	if m := anthBudgetRE.FindStringSubmatch(err.Message); m != nil {
+	if m := budgetRE.FindStringSubmatch(err.Message); m != nil {
 		budget, _ = strconv.Atoi(m[1])
 	}
 	return prompt, budget
 }
 
-// anthErrorShape gives the HTTP status, Anthropic error type and message for err.
-func anthErrorShape(err *proxy.Error) (int, anthErrorDetail) {
+// errorShape gives the HTTP status, Anthropic error type and message for err.
+func errorShape(err *proxy.Error) (int, errorDetail) {
 	if err == nil {
 		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "internal error"}
 	}
 	if err.Kind == proxy.ErrContextLength {
-		prompt, budget := anthContextNumbers(err)
+		prompt, budget := contextNumbers(err)
 		if budget > 0 && prompt > 0 && err.MaxTokens > 0 && prompt < err.MaxTokens {
-			return http.StatusBadRequest, anthErrorDetail{"invalid_request_error", fmt.Sprintf(
+			return http.StatusBadRequest, errorDetail{"invalid_request_error", fmt.Sprintf(
 				"input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or `max_tokens` and try again",
 				prompt, budget, err.MaxTokens)}
 		}
@@ -841,7 +841,7 @@ func anthErrorShape(err *proxy.Error) (int, anthErrorDetail) {
 		} else if err.Message != "" {
 			msg += ": " + err.Message
 		}
-		return http.StatusBadRequest, anthErrorDetail{"invalid_request_error", msg}
+		return http.StatusBadRequest, errorDetail{"invalid_request_error", msg}
 	}
 	status := err.Status
 	if status == 0 {
@@ -898,16 +898,16 @@ func anthErrorShape(err *proxy.Error) (int, anthErrorDetail) {
 	if msg == "" {
 		msg = string(err.Kind)
 	}
-	return status, anthErrorDetail{typ, msg}
+	return status, errorDetail{typ, msg}
 }
 
 // WriteError writes err as an Anthropic error object.
 func (Dialect) WriteError(w http.ResponseWriter, err *proxy.Error) {
-	status, detail := anthErrorShape(err)
-	_ = proxy.WriteJSON(w, status, anthErrorBody{Type: "error", Error: detail})
+	status, detail := errorShape(err)
+	_ = proxy.WriteJSON(w, status, errorBody{Type: "error", Error: detail})
 }
 
-type anthModelInfo struct {
+type modelInfo struct {
 	Type        string `json:"type"` // model
 	ID          string `json:"id"`
 	DisplayName string `json:"display_name"`
@@ -916,19 +916,19 @@ type anthModelInfo struct {
 
 // WriteModels answers GET /v1/models.
 func (Dialect) WriteModels(w http.ResponseWriter, models []string) {
-	data := make([]anthModelInfo, len(models))
+	data := make([]modelInfo, len(models))
 	for i, m := range models {
-		data[i] = anthModelInfo{"model", m, m, "2025-01-01T00:00:00Z"}
+		data[i] = modelInfo{"model", m, m, "2025-01-01T00:00:00Z"}
 	}
 	var first, last *string
 	if len(models) > 0 {
 		first, last = &models[0], &models[len(models)-1]
 	}
 	_ = proxy.WriteJSON(w, http.StatusOK, struct {
-		Data    []anthModelInfo `json:"data"`
-		HasMore bool            `json:"has_more"`
-		FirstID *string         `json:"first_id"`
-		LastID  *string         `json:"last_id"`
+		Data    []modelInfo `json:"data"`
+		HasMore bool        `json:"has_more"`
+		FirstID *string     `json:"first_id"`
+		LastID  *string     `json:"last_id"`
 	}{data, false, first, last})
 }
 
@@ -941,60 +941,60 @@ func (Dialect) WriteCount(w http.ResponseWriter, _ *proxy.Request, tokens int) {
 
 // ---- streaming ----
 
-type anthBlockStart struct {
+type blockStart struct {
 	Type         string `json:"type"` // content_block_start
 	Index        int    `json:"index"`
 	ContentBlock any    `json:"content_block"`
 }
 
-type anthBlockDelta struct {
+type blockDelta struct {
 	Type  string `json:"type"` // content_block_delta
 	Index int    `json:"index"`
 	Delta any    `json:"delta"`
 }
 
-type anthBlockStop struct {
+type blockStop struct {
 	Type  string `json:"type"` // content_block_stop
 	Index int    `json:"index"`
 }
 
-type anthTextDelta struct {
+type textDelta struct {
 	Type string `json:"type"` // text_delta
 	Text string `json:"text"`
 }
 
-type anthThinkingDelta struct {
+type thinkingDelta struct {
 	Type     string `json:"type"` // thinking_delta
 	Thinking string `json:"thinking"`
 }
 
-type anthSignatureDelta struct {
+type signatureDelta struct {
 	Type      string `json:"type"` // signature_delta
 	Signature string `json:"signature"`
 }
 
-type anthInputJSONDelta struct {
+type inputJSONDelta struct {
 	Type        string `json:"type"` // input_json_delta
 	PartialJSON string `json:"partial_json"`
 }
 
-type anthMessageDelta struct {
+type messageDelta struct {
 	Type  string `json:"type"` // message_delta
 	Delta struct {
 		StopReason   string  `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`
 	} `json:"delta"`
-	Usage anthUsage `json:"usage"`
+	Usage messageUsage `json:"usage"`
 }
 
-type anthTypeOnly struct {
+type typeOnly struct {
 	Type string `json:"type"`
 }
 
-// anthropicStream writes one answer as Anthropic SSE events. Content blocks open and close
+// stream writes one answer as Anthropic SSE events. Content blocks open and close
 // as the kind of delta changes (thinking, text, a tool call); each thinking block gets its
 // floe signature in a signature_delta just before it stops.
-type anthropicStream struct {
+type stream struct {
 	s        *proxy.SSEWriter
 	next     int    // index of the next content block
 	open     string // kind of the open block: "", "thinking", "text" or "tool_use"
@@ -1008,22 +1008,22 @@ type anthropicStream struct {
 
 // NewStream sends the SSE headers, message_start and a ping.
 func (Dialect) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
-	st := &anthropicStream{s: proxy.NewSSE(w), tools: map[int][2]string{}}
+	st := &stream{s: proxy.NewSSE(w), tools: map[int][2]string{}}
 	start := struct {
-		Type    string      `json:"type"`
-		Message anthMessage `json:"message"`
-	}{"message_start", anthMessage{
-		ID: anthNewID("msg_"), Type: "message", Role: "assistant", Model: anthModel(req), Content: []any{},
+		Type    string  `json:"type"`
+		Message message `json:"message"`
+	}{"message_start", message{
+		ID: newID("msg_"), Type: "message", Role: "assistant", Model: modelOf(req), Content: []any{},
 	}}
 	if err := st.s.Event("message_start", start); err != nil {
 		st.err = err
 		return st
 	}
-	st.err = st.s.Event("ping", anthTypeOnly{"ping"})
+	st.err = st.s.Event("ping", typeOnly{"ping"})
 	return st
 }
 
-func (st *anthropicStream) check() error {
+func (st *stream) check() error {
 	if st.err != nil {
 		return st.err
 	}
@@ -1033,36 +1033,36 @@ func (st *anthropicStream) check() error {
 	return nil
 }
 
-func (st *anthropicStream) closeBlock() error {
+func (st *stream) closeBlock() error {
 	if st.open == "" {
 		return nil
 	}
 	if st.open == "thinking" {
 		sig := proxy.ReasoningSignature(st.thinking.String())
 		st.thinking.Reset()
-		if err := st.s.Event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, anthSignatureDelta{"signature_delta", sig}}); err != nil {
+		if err := st.s.Event("content_block_delta", blockDelta{"content_block_delta", st.next - 1, signatureDelta{"signature_delta", sig}}); err != nil {
 			return err
 		}
 	}
 	st.open = ""
-	return st.s.Event("content_block_stop", anthBlockStop{"content_block_stop", st.next - 1})
+	return st.s.Event("content_block_stop", blockStop{"content_block_stop", st.next - 1})
 }
 
-func (st *anthropicStream) startBlock(kind string, block any) error {
+func (st *stream) startBlock(kind string, block any) error {
 	if err := st.closeBlock(); err != nil {
 		return err
 	}
 	st.open = kind
 	st.next++
-	return st.s.Event("content_block_start", anthBlockStart{"content_block_start", st.next - 1, block})
+	return st.s.Event("content_block_start", blockStart{"content_block_start", st.next - 1, block})
 }
 
-func (st *anthropicStream) delta(d any) error {
-	return st.s.Event("content_block_delta", anthBlockDelta{"content_block_delta", st.next - 1, d})
+func (st *stream) delta(d any) error {
+	return st.s.Event("content_block_delta", blockDelta{"content_block_delta", st.next - 1, d})
 }
 
 // Delta writes one increment: its reasoning, then its text, then its tool-call fragments.
-func (st *anthropicStream) Delta(d proxy.Delta) error {
+func (st *stream) Delta(d proxy.Delta) error {
 	if err := st.check(); err != nil {
 		return err
 	}
@@ -1073,25 +1073,25 @@ func (st *anthropicStream) Delta(d proxy.Delta) error {
 	return nil
 }
 
-func (st *anthropicStream) writeDelta(d proxy.Delta) error {
+func (st *stream) writeDelta(d proxy.Delta) error {
 	if d.Reasoning != "" {
 		if st.open != "thinking" {
-			if err := st.startBlock("thinking", anthThinkingBlock{Type: "thinking"}); err != nil {
+			if err := st.startBlock("thinking", thinkingBlock{Type: "thinking"}); err != nil {
 				return err
 			}
 		}
 		st.thinking.WriteString(d.Reasoning)
-		if err := st.delta(anthThinkingDelta{"thinking_delta", d.Reasoning}); err != nil {
+		if err := st.delta(thinkingDelta{"thinking_delta", d.Reasoning}); err != nil {
 			return err
 		}
 	}
 	if d.Content != "" {
 		if st.open != "text" {
-			if err := st.startBlock("text", anthTextBlock{Type: "text"}); err != nil {
+			if err := st.startBlock("text", textBlock{Type: "text"}); err != nil {
 				return err
 			}
 		}
-		if err := st.delta(anthTextDelta{"text_delta", d.Content}); err != nil {
+		if err := st.delta(textDelta{"text_delta", d.Content}); err != nil {
 			return err
 		}
 	}
@@ -1103,11 +1103,11 @@ func (st *anthropicStream) writeDelta(d proxy.Delta) error {
 			if !seen {
 				known = [2]string{tc.ID, tc.Name}
 				if known[0] == "" {
-					known[0] = anthNewID("toolu_")
+					known[0] = newID("toolu_")
 				}
 				st.tools[tc.Index] = known
 			}
-			block := anthToolUseBlock{"tool_use", known[0], known[1], json.RawMessage(`{}`)}
+			block := toolUseBlock{"tool_use", known[0], known[1], json.RawMessage(`{}`)}
 			if err := st.startBlock("tool_use", block); err != nil {
 				return err
 			}
@@ -1115,7 +1115,7 @@ func (st *anthropicStream) writeDelta(d proxy.Delta) error {
 			st.anyTool = true
 		}
 		if tc.Arguments != "" {
-			if err := st.delta(anthInputJSONDelta{"input_json_delta", tc.Arguments}); err != nil {
+			if err := st.delta(inputJSONDelta{"input_json_delta", tc.Arguments}); err != nil {
 				return err
 			}
 		}
@@ -1124,7 +1124,7 @@ func (st *anthropicStream) writeDelta(d proxy.Delta) error {
 }
 
 // End closes the open block and writes message_delta (stop reason, usage) and message_stop.
-func (st *anthropicStream) End(finishReason string, usage proxy.Usage) error {
+func (st *stream) End(finishReason string, usage proxy.Usage) error {
 	if err := st.check(); err != nil {
 		return err
 	}
@@ -1132,22 +1132,22 @@ func (st *anthropicStream) End(finishReason string, usage proxy.Usage) error {
 	if err := st.closeBlock(); err != nil {
 		return err
 	}
-	var md anthMessageDelta
+	var md messageDelta
 	md.Type = "message_delta"
-	md.Delta.StopReason = anthStopReason(finishReason, st.anyTool)
-	md.Usage = anthUsage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens}
+	md.Delta.StopReason = stopReason(finishReason, st.anyTool)
+	md.Usage = messageUsage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens}
 	if err := st.s.Event("message_delta", md); err != nil {
 		return err
 	}
-	return st.s.Event("message_stop", anthTypeOnly{"message_stop"})
+	return st.s.Event("message_stop", typeOnly{"message_stop"})
 }
 
 // Fail writes an error event; the stream ends there.
-func (st *anthropicStream) Fail(err *proxy.Error) error {
+func (st *stream) Fail(err *proxy.Error) error {
 	if st.done {
 		return errors.New("anthropic stream: already ended")
 	}
 	st.done = true
-	_, detail := anthErrorShape(err)
-	return st.s.Event("error", anthErrorBody{Type: "error", Error: detail})
+	_, detail := errorShape(err)
+	return st.s.Event("error", errorBody{Type: "error", Error: detail})
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/floe-rl/floe/proxy"
 )
 
-func anthPtr[T any](v T) *T { return &v }
+func ptr[T any](v T) *T { return &v }
 
-func anthMustJSON(t testing.TB, v any) string {
+func mustJSON(t testing.TB, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -24,7 +24,7 @@ func anthMustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
-var anthDecodeCases = []struct {
+var decodeCases = []struct {
 	name string
 	body string
 	want proxy.ChatRequest
@@ -41,9 +41,9 @@ var anthDecodeCases = []struct {
 				{Role: "system", Content: "Be brief."},
 				{Role: "user", Content: "hi"},
 			},
-			MaxCompletionTokens: anthPtr(1024),
-			Temperature:         anthPtr(0.5),
-			TopP:                anthPtr(0.9),
+			MaxCompletionTokens: ptr(1024),
+			Temperature:         ptr(0.5),
+			TopP:                ptr(0.9),
 			Stop:                []string{"END", "\n\nHuman:"},
 			Stream:              true,
 		},
@@ -59,7 +59,7 @@ var anthDecodeCases = []struct {
 				{Role: "system", Content: "You are Claude Code.\nRules."},
 				{Role: "user", Content: "<system-reminder>x</system-reminder>\nfix the bug"},
 			},
-			MaxCompletionTokens: anthPtr(10),
+			MaxCompletionTokens: ptr(10),
 		},
 	},
 	{
@@ -109,7 +109,7 @@ var anthDecodeCases = []struct {
 				{Role: "tool", ToolCallID: "toolu_2", Content: "package a\nfunc A() {}"},
 				{Role: "user", Content: "continue"},
 			},
-			MaxCompletionTokens: anthPtr(100),
+			MaxCompletionTokens: ptr(100),
 		},
 	},
 	{
@@ -192,7 +192,7 @@ var anthDecodeCases = []struct {
 				{Type: "function", Function: proxy.ChatFunction{Name: "Noop", Parameters: json.RawMessage(`{"type":"object"}`)}},
 			},
 			ToolChoice:        json.RawMessage(`"required"`),
-			ParallelToolCalls: anthPtr(false),
+			ParallelToolCalls: ptr(false),
 		},
 	},
 	{
@@ -225,7 +225,7 @@ var anthDecodeCases = []struct {
 		name: "thinking enabled",
 		body: `{"model":"m","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`,
 		want: proxy.ChatRequest{Model: "m", Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
-			MaxCompletionTokens: anthPtr(2048), ChatTemplateKwargs: map[string]any{"enable_thinking": true}},
+			MaxCompletionTokens: ptr(2048), ChatTemplateKwargs: map[string]any{"enable_thinking": true}},
 	},
 	{
 		name: "thinking disabled",
@@ -266,14 +266,14 @@ var anthDecodeCases = []struct {
 }
 
 func TestAnthropicDecode(t *testing.T) {
-	for _, tc := range anthDecodeCases {
+	for _, tc := range decodeCases {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := Dialect{}.Decode(nil, []byte(tc.body))
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
 			if !reflect.DeepEqual(req.Chat, tc.want) {
-				t.Errorf("Decode chat request\n got: %s\nwant: %s", anthMustJSON(t, req.Chat), anthMustJSON(t, tc.want))
+				t.Errorf("Decode chat request\n got: %s\nwant: %s", mustJSON(t, req.Chat), mustJSON(t, tc.want))
 			}
 			if req.Model != tc.want.Model || req.Stream != tc.want.Stream {
 				t.Errorf("Model, Stream = %q, %v; want %q, %v", req.Model, req.Stream, tc.want.Model, tc.want.Stream)
@@ -282,7 +282,7 @@ func TestAnthropicDecode(t *testing.T) {
 	}
 }
 
-var anthDecodeErrorCases = []struct {
+var decodeErrorCases = []struct {
 	name, body, wantField string
 }{
 	{"malformed JSON", `{"model":"m",`, "malformed JSON"},
@@ -315,7 +315,7 @@ var anthDecodeErrorCases = []struct {
 }
 
 func TestAnthropicDecodeErrors(t *testing.T) {
-	for _, tc := range anthDecodeErrorCases {
+	for _, tc := range decodeErrorCases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Dialect{}.Decode(nil, []byte(tc.body))
 			var e *proxy.Error
@@ -332,8 +332,8 @@ func TestAnthropicDecodeErrors(t *testing.T) {
 	}
 }
 
-// anthJSONEqual compares two JSON documents by value.
-func anthJSONEqual(t *testing.T, got []byte, want string) {
+// jSONEqual compares two JSON documents by value.
+func jSONEqual(t *testing.T, got []byte, want string) {
 	t.Helper()
 	var g, w any
 	if err := json.Unmarshal(got, &g); err != nil {
@@ -401,13 +401,13 @@ func TestAnthropicWriteResponse(t *testing.T) {
 			if rec.Code != 200 || rec.Header().Get("Content-Type") != "application/json" {
 				t.Errorf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
 			}
-			anthJSONEqual(t, rec.Body.Bytes(), tc.want)
+			jSONEqual(t, rec.Body.Bytes(), tc.want)
 		})
 	}
 }
 
-// anthAssistantBody wraps assistant content blocks as the history of a next request.
-func anthAssistantBody(content string) string {
+// assistantBody wraps assistant content blocks as the history of a next request.
+func assistantBody(content string) string {
 	return `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"go"},{"role":"assistant","content":` +
 		content + `},{"role":"user","content":"next"}]}`
 }
@@ -442,35 +442,35 @@ func TestAnthropicRoundTrip(t *testing.T) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &answer); err != nil {
 				t.Fatal(err)
 			}
-			req, err := Dialect{}.Decode(nil, []byte(anthAssistantBody(string(answer.Content))))
+			req, err := Dialect{}.Decode(nil, []byte(assistantBody(string(answer.Content))))
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
 			if got := req.Chat.Messages[1]; !reflect.DeepEqual(got, tc.msg) {
-				t.Errorf("assistant message after a round trip\n got: %s\nwant: %s", anthMustJSON(t, got), anthMustJSON(t, tc.msg))
+				t.Errorf("assistant message after a round trip\n got: %s\nwant: %s", mustJSON(t, got), mustJSON(t, tc.msg))
 			}
 		})
 	}
 }
 
-type anthSSEEvent struct {
+type sSEEvent struct {
 	name string
 	data map[string]any
 }
 
-// anthParseSSE splits an event stream into events, checking each is "event:" + "data:".
-func anthParseSSE(t *testing.T, body string) []anthSSEEvent {
+// parseSSE splits an event stream into events, checking each is "event:" + "data:".
+func parseSSE(t *testing.T, body string) []sSEEvent {
 	t.Helper()
 	if !strings.HasSuffix(body, "\n\n") {
 		t.Fatalf("stream does not end with a blank line: %q", body)
 	}
-	var out []anthSSEEvent
+	var out []sSEEvent
 	for _, chunk := range strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n") {
 		lines := strings.Split(chunk, "\n")
 		if len(lines) != 2 || !strings.HasPrefix(lines[0], "event: ") || !strings.HasPrefix(lines[1], "data: ") {
 			t.Fatalf("malformed SSE event %q", chunk)
 		}
-		ev := anthSSEEvent{name: strings.TrimPrefix(lines[0], "event: ")}
+		ev := sSEEvent{name: strings.TrimPrefix(lines[0], "event: ")}
 		if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "data: ")), &ev.data); err != nil {
 			t.Fatalf("event %s data: %v", ev.name, err)
 		}
@@ -482,8 +482,8 @@ func anthParseSSE(t *testing.T, body string) []anthSSEEvent {
 	return out
 }
 
-// anthEventSummary names an event with its block index and block or delta type.
-func anthEventSummary(ev anthSSEEvent) string {
+// eventSummary names an event with its block index and block or delta type.
+func eventSummary(ev sSEEvent) string {
 	s := ev.name
 	if idx, ok := ev.data["index"]; ok {
 		s += fmt.Sprintf(" %v", idx)
@@ -497,8 +497,8 @@ func anthEventSummary(ev anthSSEEvent) string {
 	return s
 }
 
-// anthAssemble rebuilds the message content blocks from stream events, as a client does.
-func anthAssemble(t *testing.T, events []anthSSEEvent) []map[string]any {
+// assemble rebuilds the message content blocks from stream events, as a client does.
+func assemble(t *testing.T, events []sSEEvent) []map[string]any {
 	t.Helper()
 	var blocks []map[string]any
 	partial := map[int]string{}
@@ -566,10 +566,10 @@ func TestAnthropicStream(t *testing.T) {
 		t.Errorf("Content-Type %q", ct)
 	}
 
-	events := anthParseSSE(t, rec.Body.String())
+	events := parseSSE(t, rec.Body.String())
 	var got []string
 	for _, ev := range events {
-		got = append(got, anthEventSummary(ev))
+		got = append(got, eventSummary(ev))
 	}
 	want := []string{
 		"message_start",
@@ -599,29 +599,29 @@ func TestAnthropicStream(t *testing.T) {
 	}
 
 	start := events[0].data["message"].(map[string]any)
-	wantStart := `{"id":` + anthMustJSON(t, start["id"]) + `,"type":"message","role":"assistant","model":"claude-haiku",
+	wantStart := `{"id":` + mustJSON(t, start["id"]) + `,"type":"message","role":"assistant","model":"claude-haiku",
 		"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}`
-	anthJSONEqual(t, []byte(anthMustJSON(t, start)), wantStart)
+	jSONEqual(t, []byte(mustJSON(t, start)), wantStart)
 	if id, _ := start["id"].(string); !strings.HasPrefix(id, "msg_") {
 		t.Errorf("message id %q", id)
 	}
-	anthJSONEqual(t, []byte(anthMustJSON(t, events[len(events)-2].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[len(events)-2].data)),
 		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":321,"output_tokens":45}}`)
-	anthJSONEqual(t, []byte(anthMustJSON(t, events[2].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[2].data)),
 		`{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}`)
-	anthJSONEqual(t, []byte(anthMustJSON(t, events[11].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[11].data)),
 		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_1","name":"Read","input":{}}}`)
 
-	blocks := anthAssemble(t, events)
+	blocks := assemble(t, events)
 	wantBlocks := `[
 		{"type":"thinking","thinking":"The user wants two files.","signature":"` + proxy.ReasoningSignature("The user wants two files.") + `"},
 		{"type":"text","text":"Reading both."},
 		{"type":"tool_use","id":"call_1","name":"Read","input":{"path":"a.go"}},
 		{"type":"tool_use","id":"call_2","name":"Read","input":{"path":"b<c>.go"}}]`
-	anthJSONEqual(t, []byte(anthMustJSON(t, blocks)), wantBlocks)
+	jSONEqual(t, []byte(mustJSON(t, blocks)), wantBlocks)
 
 	// The harness echoes the assembled blocks: the next request holds exactly what the model produced.
-	req, err := Dialect{}.Decode(nil, []byte(anthAssistantBody(anthMustJSON(t, blocks))))
+	req, err := Dialect{}.Decode(nil, []byte(assistantBody(mustJSON(t, blocks))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -631,7 +631,7 @@ func TestAnthropicStream(t *testing.T) {
 			{ID: "call_2", Type: "function", Function: proxy.ChatFunctionCall{Name: "Read", Arguments: `{"path":"b<c>.go"}`}},
 		}}
 	if got := req.Chat.Messages[1]; !reflect.DeepEqual(got, wantMsg) {
-		t.Errorf("echoed assistant message\n got: %s\nwant: %s", anthMustJSON(t, got), anthMustJSON(t, wantMsg))
+		t.Errorf("echoed assistant message\n got: %s\nwant: %s", mustJSON(t, got), mustJSON(t, wantMsg))
 	}
 }
 
@@ -688,10 +688,10 @@ func TestAnthropicStreamShapes(t *testing.T) {
 			if err := st.End(tc.finish, proxy.Usage{}); err != nil {
 				t.Fatal(err)
 			}
-			events := anthParseSSE(t, rec.Body.String())
+			events := parseSSE(t, rec.Body.String())
 			var got []string
 			for _, ev := range events {
-				got = append(got, anthEventSummary(ev))
+				got = append(got, eventSummary(ev))
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("event sequence\n got: %q\nwant: %q", got, tc.want)
@@ -716,12 +716,12 @@ func TestAnthropicStreamFail(t *testing.T) {
 	if err := st.End(proxy.FinishStop, proxy.Usage{}); err == nil {
 		t.Error("End after Fail succeeded")
 	}
-	events := anthParseSSE(t, rec.Body.String())
+	events := parseSSE(t, rec.Body.String())
 	last := events[len(events)-1]
 	if last.name != "error" {
 		t.Fatalf("last event %s, want error", last.name)
 	}
-	anthJSONEqual(t, []byte(anthMustJSON(t, last.data)), `{"type":"error","error":{"type":"api_error","message":"engine went away"}}`)
+	jSONEqual(t, []byte(mustJSON(t, last.data)), `{"type":"error","error":{"type":"api_error","message":"engine went away"}}`)
 }
 
 func TestAnthropicWriteError(t *testing.T) {
@@ -770,8 +770,8 @@ func TestAnthropicWriteError(t *testing.T) {
 			if rec.Code != tc.wantStatus {
 				t.Errorf("status %d, want %d", rec.Code, tc.wantStatus)
 			}
-			want := anthMustJSON(t, map[string]any{"type": "error", "error": map[string]string{"type": tc.wantType, "message": tc.wantMsg}})
-			anthJSONEqual(t, rec.Body.Bytes(), want)
+			want := mustJSON(t, map[string]any{"type": "error", "error": map[string]string{"type": tc.wantType, "message": tc.wantMsg}})
+			jSONEqual(t, rec.Body.Bytes(), want)
 		})
 	}
 }
@@ -779,18 +779,18 @@ func TestAnthropicWriteError(t *testing.T) {
 func TestAnthropicModelsAndCount(t *testing.T) {
 	rec := httptest.NewRecorder()
 	Dialect{}.WriteModels(rec, []string{"claude-sonnet-4-5", "qwen3-8b"})
-	anthJSONEqual(t, rec.Body.Bytes(), `{"data":[
+	jSONEqual(t, rec.Body.Bytes(), `{"data":[
 		{"type":"model","id":"claude-sonnet-4-5","display_name":"claude-sonnet-4-5","created_at":"2025-01-01T00:00:00Z"},
 		{"type":"model","id":"qwen3-8b","display_name":"qwen3-8b","created_at":"2025-01-01T00:00:00Z"}],
 		"has_more":false,"first_id":"claude-sonnet-4-5","last_id":"qwen3-8b"}`)
 
 	rec = httptest.NewRecorder()
 	Dialect{}.WriteModels(rec, nil)
-	anthJSONEqual(t, rec.Body.Bytes(), `{"data":[],"has_more":false,"first_id":null,"last_id":null}`)
+	jSONEqual(t, rec.Body.Bytes(), `{"data":[],"has_more":false,"first_id":null,"last_id":null}`)
 
 	rec = httptest.NewRecorder()
 	Dialect{}.WriteCount(rec, &proxy.Request{Model: "m"}, 1234)
-	anthJSONEqual(t, rec.Body.Bytes(), `{"input_tokens":1234}`)
+	jSONEqual(t, rec.Body.Bytes(), `{"input_tokens":1234}`)
 	if rec.Code != 200 {
 		t.Errorf("count status %d", rec.Code)
 	}
@@ -811,10 +811,10 @@ func TestAnthropicSignature(t *testing.T) {
 }
 
 func FuzzAnthropicDecode(f *testing.F) {
-	for _, tc := range anthDecodeCases {
+	for _, tc := range decodeCases {
 		f.Add([]byte(tc.body))
 	}
-	for _, tc := range anthDecodeErrorCases {
+	for _, tc := range decodeErrorCases {
 		f.Add([]byte(tc.body))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {

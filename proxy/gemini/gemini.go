@@ -66,7 +66,7 @@ import (
 	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
-// Gemini is the Google Gemini API dialect.
+// Dialect is the Google Gemini API.
 type Dialect struct{}
 
 var (
@@ -76,13 +76,13 @@ var (
 
 // Gemini API methods floe serves.
 const (
-	gemMethodGenerate = "generateContent"
-	gemMethodStream   = "streamGenerateContent"
-	gemMethodCount    = "countTokens"
+	methodGenerate = "generateContent"
+	methodStream   = "streamGenerateContent"
+	methodCount    = "countTokens"
 )
 
-// gemState is the Gemini dialect's Request.State.
-type gemState struct {
+// state is the Gemini dialect's Request.State.
+type state struct {
 	Method          string // generateContent, streamGenerateContent or countTokens
 	IncludeThoughts bool   // send thought parts to the caller
 }
@@ -92,113 +92,113 @@ func (Dialect) Name() string { return "gemini" }
 
 // ---- wire types ----
 
-type gemRequest struct {
-	Contents               []gemContent         `json:"contents"`
-	SystemInstruction      *gemContent          `json:"systemInstruction,omitempty"`
-	Tools                  []gemTool            `json:"tools,omitempty"`
-	ToolConfig             *gemToolConfig       `json:"toolConfig,omitempty"`
-	GenerationConfig       *gemGenerationConfig `json:"generationConfig,omitempty"`
-	GenerateContentRequest *gemRequest          `json:"generateContentRequest,omitempty"` // countTokens
+type request struct {
+	Contents               []wireContent     `json:"contents"`
+	SystemInstruction      *wireContent      `json:"systemInstruction,omitempty"`
+	Tools                  []tool            `json:"tools,omitempty"`
+	ToolConfig             *toolConfig       `json:"toolConfig,omitempty"`
+	GenerationConfig       *generationConfig `json:"generationConfig,omitempty"`
+	GenerateContentRequest *request          `json:"generateContentRequest,omitempty"` // countTokens
 }
 
-type gemContent struct {
-	Role  string    `json:"role,omitempty"`
-	Parts []gemPart `json:"parts"`
+type wireContent struct {
+	Role  string `json:"role,omitempty"`
+	Parts []part `json:"parts"`
 }
 
-type gemPart struct {
-	Text             *string              `json:"text,omitempty"`
-	Thought          bool                 `json:"thought,omitempty"`
-	ThoughtSignature string               `json:"thoughtSignature,omitempty"`
-	InlineData       *gemBlob             `json:"inlineData,omitempty"`
-	FileData         *gemFileData         `json:"fileData,omitempty"`
-	FunctionCall     *gemFunctionCall     `json:"functionCall,omitempty"`
-	FunctionResponse *gemFunctionResponse `json:"functionResponse,omitempty"`
+type part struct {
+	Text             *string           `json:"text,omitempty"`
+	Thought          bool              `json:"thought,omitempty"`
+	ThoughtSignature string            `json:"thoughtSignature,omitempty"`
+	InlineData       *blob             `json:"inlineData,omitempty"`
+	FileData         *fileData         `json:"fileData,omitempty"`
+	FunctionCall     *functionCall     `json:"functionCall,omitempty"`
+	FunctionResponse *functionResponse `json:"functionResponse,omitempty"`
 }
 
-type gemBlob struct {
+type blob struct {
 	MimeType string `json:"mimeType"`
 	Data     string `json:"data"`
 }
 
-type gemFileData struct {
+type fileData struct {
 	MimeType string `json:"mimeType,omitempty"`
 	FileURI  string `json:"fileUri"`
 }
 
-type gemFunctionCall struct {
+type functionCall struct {
 	ID   string          `json:"id,omitempty"`
 	Name string          `json:"name"`
 	Args json.RawMessage `json:"args,omitempty"`
 }
 
-type gemFunctionResponse struct {
+type functionResponse struct {
 	ID       string          `json:"id,omitempty"`
 	Name     string          `json:"name"`
 	Response json.RawMessage `json:"response,omitempty"`
-	Parts    []gemPart       `json:"parts,omitempty"` // multimodal function responses
+	Parts    []part          `json:"parts,omitempty"` // multimodal function responses
 }
 
-type gemTool struct {
-	FunctionDeclarations []gemFunctionDeclaration `json:"functionDeclarations,omitempty"`
+type tool struct {
+	FunctionDeclarations []functionDeclaration `json:"functionDeclarations,omitempty"`
 	// googleSearch, codeExecution, urlContext, … are accepted and not forwarded.
 }
 
-type gemFunctionDeclaration struct {
+type functionDeclaration struct {
 	Name                 string          `json:"name"`
 	Description          string          `json:"description,omitempty"`
 	Parameters           json.RawMessage `json:"parameters,omitempty"`
 	ParametersJSONSchema json.RawMessage `json:"parametersJsonSchema,omitempty"`
 }
 
-type gemToolConfig struct {
-	FunctionCallingConfig *gemFunctionCallingConfig `json:"functionCallingConfig"`
+type toolConfig struct {
+	FunctionCallingConfig *functionCallingConfig `json:"functionCallingConfig"`
 }
 
-type gemFunctionCallingConfig struct {
+type functionCallingConfig struct {
 	Mode                 string   `json:"mode"`
 	AllowedFunctionNames []string `json:"allowedFunctionNames"`
 }
 
-type gemGenerationConfig struct {
-	MaxOutputTokens *float64           `json:"maxOutputTokens"`
-	Temperature     *float64           `json:"temperature"`
-	TopP            *float64           `json:"topP"`
-	TopK            *float64           `json:"topK"` // ignored
-	StopSequences   []string           `json:"stopSequences"`
-	CandidateCount  *float64           `json:"candidateCount"`
-	ThinkingConfig  *gemThinkingConfig `json:"thinkingConfig"`
+type generationConfig struct {
+	MaxOutputTokens *float64        `json:"maxOutputTokens"`
+	Temperature     *float64        `json:"temperature"`
+	TopP            *float64        `json:"topP"`
+	TopK            *float64        `json:"topK"` // ignored
+	StopSequences   []string        `json:"stopSequences"`
+	CandidateCount  *float64        `json:"candidateCount"`
+	ThinkingConfig  *thinkingConfig `json:"thinkingConfig"`
 }
 
-type gemThinkingConfig struct {
+type thinkingConfig struct {
 	ThinkingBudget  *float64 `json:"thinkingBudget"`
 	IncludeThoughts *bool    `json:"includeThoughts"`
 }
 
-type gemResponse struct {
-	Candidates    []gemCandidate `json:"candidates"`
-	UsageMetadata *gemUsage      `json:"usageMetadata,omitempty"`
-	ModelVersion  string         `json:"modelVersion,omitempty"`
-	ResponseID    string         `json:"responseId,omitempty"`
+type response struct {
+	Candidates    []candidate `json:"candidates"`
+	UsageMetadata *wireUsage  `json:"usageMetadata,omitempty"`
+	ModelVersion  string      `json:"modelVersion,omitempty"`
+	ResponseID    string      `json:"responseId,omitempty"`
 }
 
-type gemCandidate struct {
-	Content      gemContent `json:"content"`
-	FinishReason string     `json:"finishReason,omitempty"`
-	Index        int        `json:"index"`
+type candidate struct {
+	Content      wireContent `json:"content"`
+	FinishReason string      `json:"finishReason,omitempty"`
+	Index        int         `json:"index"`
 }
 
-type gemUsage struct {
+type wireUsage struct {
 	PromptTokenCount     int `json:"promptTokenCount"`
 	CandidatesTokenCount int `json:"candidatesTokenCount"`
 	TotalTokenCount      int `json:"totalTokenCount"`
 }
 
-type gemErrorBody struct {
-	Error gemErrorDetail `json:"error"`
+type errorBody struct {
+	Error errorDetail `json:"error"`
 }
 
-type gemErrorDetail struct {
+type errorDetail struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
 	Status  string `json:"status"`
@@ -211,7 +211,7 @@ func (Dialect) Decode(r *http.Request, body []byte) (*proxy.Request, error) {
 	if r == nil || r.URL == nil {
 		return nil, proxy.InvalidRequest("path: the request has no URL")
 	}
-	model, method, perr := gemParsePath(r.URL.Path)
+	model, method, perr := parsePath(r.URL.Path)
 	if perr != nil {
 		return nil, perr
 	}
@@ -224,26 +224,26 @@ func (Dialect) Decode(r *http.Request, body []byte) (*proxy.Request, error) {
 		return nil, err
 	}
 	at := ""
-	if method == gemMethodCount && len(gr.Contents) == 0 && gr.GenerateContentRequest != nil {
+	if method == methodCount && len(gr.Contents) == 0 && gr.GenerateContentRequest != nil {
 		gr = *gr.GenerateContentRequest
 		at = "generateContentRequest."
 	}
-	chat, include, derr := gemToChat(&gr, at)
+	chat, include, derr := toChat(&gr, at)
 	if derr != nil {
 		return nil, derr
 	}
 	chat.Model = model
-	chat.Stream = method == gemMethodStream
+	chat.Stream = method == methodStream
 	return &proxy.Request{
 		Chat:   chat,
 		Model:  model,
 		Stream: chat.Stream,
-		State:  &gemState{Method: method, IncludeThoughts: include},
+		State:  &state{Method: method, IncludeThoughts: include},
 	}, nil
 }
 
-// gemParsePath splits ".../models/{model}:{method}" into its model and method.
-func gemParsePath(p string) (model, method string, err *proxy.Error) {
+// parsePath splits ".../models/{model}:{method}" into its model and method.
+func parsePath(p string) (model, method string, err *proxy.Error) {
 	bad := func(why string) (string, string, *proxy.Error) {
 		return "", "", proxy.InvalidRequest("path %q: %s; expected /v1beta/models/{model}:{generateContent|streamGenerateContent|countTokens}", p, why)
 	}
@@ -269,7 +269,7 @@ func gemParsePath(p string) (model, method string, err *proxy.Error) {
 		return bad("model name is empty or malformed")
 	}
 	switch method {
-	case gemMethodGenerate, gemMethodStream, gemMethodCount:
+	case methodGenerate, methodStream, methodCount:
 	default:
 		return bad(fmt.Sprintf("unsupported method %q", method))
 	}
@@ -328,8 +328,8 @@ func objects(f reqjson.Fields, key string, each func(reqjson.Fields) error) erro
 
 // decodeRequest reads a GenerateContentRequest (or a countTokens request, which may wrap
 // one in generateContentRequest).
-func decodeRequest(f reqjson.Fields) (gemRequest, error) {
-	var gr gemRequest
+func decodeRequest(f reqjson.Fields) (request, error) {
+	var gr request
 	err := objects(f, "contents", func(o reqjson.Fields) error {
 		c, err := decodeContent(o)
 		gr.Contents = append(gr.Contents, c)
@@ -348,7 +348,7 @@ func decodeRequest(f reqjson.Fields) (gemRequest, error) {
 		gr.SystemInstruction = &c
 	}
 	err = objects(f, "tools", func(o reqjson.Fields) error {
-		var t gemTool
+		var t tool
 		err := objects(o, "functionDeclarations", func(d reqjson.Fields) error {
 			fd, err := decodeDeclaration(d)
 			t.FunctionDeclarations = append(t.FunctionDeclarations, fd)
@@ -386,8 +386,8 @@ func decodeRequest(f reqjson.Fields) (gemRequest, error) {
 	return gr, nil
 }
 
-func decodeContent(f reqjson.Fields) (gemContent, error) {
-	var c gemContent
+func decodeContent(f reqjson.Fields) (wireContent, error) {
+	var c wireContent
 	var err error
 	if c.Role, err = field(f, "role").String(); err != nil {
 		return c, err
@@ -396,8 +396,8 @@ func decodeContent(f reqjson.Fields) (gemContent, error) {
 	return c, err
 }
 
-func decodeParts(f reqjson.Fields) ([]gemPart, error) {
-	var parts []gemPart
+func decodeParts(f reqjson.Fields) ([]part, error) {
+	var parts []part
 	err := objects(f, "parts", func(o reqjson.Fields) error {
 		p, err := decodePart(o)
 		parts = append(parts, p)
@@ -406,8 +406,8 @@ func decodeParts(f reqjson.Fields) ([]gemPart, error) {
 	return parts, err
 }
 
-func decodePart(f reqjson.Fields) (gemPart, error) {
-	var p gemPart
+func decodePart(f reqjson.Fields) (part, error) {
+	var p part
 	var err error
 	if tv := field(f, "text"); !tv.IsNull() {
 		s, err := tv.String()
@@ -425,7 +425,7 @@ func decodePart(f reqjson.Fields) (gemPart, error) {
 	if o, ok, err := object(f, "inlineData"); err != nil {
 		return p, err
 	} else if ok {
-		var b gemBlob
+		var b blob
 		if b.MimeType, err = field(o, "mimeType").String(); err != nil {
 			return p, err
 		}
@@ -437,7 +437,7 @@ func decodePart(f reqjson.Fields) (gemPart, error) {
 	if o, ok, err := object(f, "fileData"); err != nil {
 		return p, err
 	} else if ok {
-		var fd gemFileData
+		var fd fileData
 		if fd.MimeType, err = field(o, "mimeType").String(); err != nil {
 			return p, err
 		}
@@ -449,7 +449,7 @@ func decodePart(f reqjson.Fields) (gemPart, error) {
 	if o, ok, err := object(f, "functionCall"); err != nil {
 		return p, err
 	} else if ok {
-		var fc gemFunctionCall
+		var fc functionCall
 		if fc.ID, err = field(o, "id").String(); err != nil {
 			return p, err
 		}
@@ -462,7 +462,7 @@ func decodePart(f reqjson.Fields) (gemPart, error) {
 	if o, ok, err := object(f, "functionResponse"); err != nil {
 		return p, err
 	} else if ok {
-		var fr gemFunctionResponse
+		var fr functionResponse
 		if fr.ID, err = field(o, "id").String(); err != nil {
 			return p, err
 		}
@@ -478,8 +478,8 @@ func decodePart(f reqjson.Fields) (gemPart, error) {
 	return p, nil
 }
 
-func decodeDeclaration(f reqjson.Fields) (gemFunctionDeclaration, error) {
-	var fd gemFunctionDeclaration
+func decodeDeclaration(f reqjson.Fields) (functionDeclaration, error) {
+	var fd functionDeclaration
 	var err error
 	if fd.Name, err = field(f, "name").String(); err != nil {
 		return fd, err
@@ -492,12 +492,12 @@ func decodeDeclaration(f reqjson.Fields) (gemFunctionDeclaration, error) {
 	return fd, nil
 }
 
-func decodeToolConfig(f reqjson.Fields) (*gemToolConfig, error) {
+func decodeToolConfig(f reqjson.Fields) (*toolConfig, error) {
 	fcc, ok, err := object(f, "functionCallingConfig")
 	if err != nil || !ok {
-		return &gemToolConfig{}, err
+		return &toolConfig{}, err
 	}
-	tc := &gemToolConfig{FunctionCallingConfig: &gemFunctionCallingConfig{}}
+	tc := &toolConfig{FunctionCallingConfig: &functionCallingConfig{}}
 	if tc.FunctionCallingConfig.Mode, err = field(fcc, "mode").String(); err != nil {
 		return nil, err
 	}
@@ -507,8 +507,8 @@ func decodeToolConfig(f reqjson.Fields) (*gemToolConfig, error) {
 	return tc, nil
 }
 
-func decodeGenerationConfig(f reqjson.Fields) (*gemGenerationConfig, error) {
-	g := &gemGenerationConfig{}
+func decodeGenerationConfig(f reqjson.Fields) (*generationConfig, error) {
+	g := &generationConfig{}
 	var err error
 	for _, n := range []struct {
 		key string
@@ -527,7 +527,7 @@ func decodeGenerationConfig(f reqjson.Fields) (*gemGenerationConfig, error) {
 	if tc, ok, err := object(f, "thinkingConfig"); err != nil {
 		return nil, err
 	} else if ok {
-		g.ThinkingConfig = &gemThinkingConfig{}
+		g.ThinkingConfig = &thinkingConfig{}
 		if g.ThinkingConfig.ThinkingBudget, err = field(tc, "thinkingBudget").Number(); err != nil {
 			return nil, err
 		}
@@ -542,35 +542,35 @@ func decodeGenerationConfig(f reqjson.Fields) (*gemGenerationConfig, error) {
 	return g, nil
 }
 
-// gemPendingCall is a function call of the previous model turn awaiting its response.
-type gemPendingCall struct {
+// pendingCall is a function call of the previous model turn awaiting its response.
+type pendingCall struct {
 	id, name string
 	answered bool
 }
 
-func gemToChat(gr *gemRequest, at string) (proxy.ChatRequest, bool, *proxy.Error) {
+func toChat(gr *request, at string) (proxy.ChatRequest, bool, *proxy.Error) {
 	var chat proxy.ChatRequest
 	if len(gr.Contents) == 0 {
 		return chat, false, proxy.InvalidRequest("%scontents: required and must not be empty", at)
 	}
 	if si := gr.SystemInstruction; si != nil {
-		if text := gemJoinText(si.Parts, "\n"); text != "" {
+		if text := joinText(si.Parts, "\n"); text != "" {
 			chat.Messages = append(chat.Messages, proxy.ChatMessage{Role: "system", Content: text})
 		}
 	}
-	var pending []gemPendingCall
+	var pending []pendingCall
 	for i, c := range gr.Contents {
 		where := fmt.Sprintf("%scontents[%d]", at, i)
 		switch strings.ToLower(c.Role) {
 		case "model":
-			msg, calls, err := gemModelMessage(c, i, where)
+			msg, calls, err := modelMessage(c, i, where)
 			if err != nil {
 				return chat, false, err
 			}
 			chat.Messages = append(chat.Messages, msg)
 			pending = calls
 		case "user", "", "function", "tool":
-			chat.Messages = append(chat.Messages, gemUserMessages(c, i, pending)...)
+			chat.Messages = append(chat.Messages, userMessages(c, i, pending)...)
 		default:
 			return chat, false, proxy.InvalidRequest("%s.role: %q is not user or model", where, c.Role)
 		}
@@ -584,10 +584,10 @@ func gemToChat(gr *gemRequest, at string) (proxy.ChatRequest, bool, *proxy.Error
 			}
 			fn := proxy.ChatFunction{Name: fd.Name, Description: fd.Description}
 			switch {
-			case gemPresent(fd.ParametersJSONSchema):
-				fn.Parameters = gemCompact(fd.ParametersJSONSchema)
-			case gemPresent(fd.Parameters):
-				p, err := gemSchema(fd.Parameters)
+			case isPresent(fd.ParametersJSONSchema):
+				fn.Parameters = compact(fd.ParametersJSONSchema)
+			case isPresent(fd.Parameters):
+				p, err := schema(fd.Parameters)
 				if err != nil {
 					return chat, false, proxy.InvalidRequest("%s.parameters: %v", where, err)
 				}
@@ -644,16 +644,16 @@ func gemToChat(gr *gemRequest, at string) (proxy.ChatRequest, bool, *proxy.Error
 	return chat, include, nil
 }
 
-// gemModelMessage turns a model turn into an assistant message and its function calls.
-func gemModelMessage(c gemContent, turn int, where string) (proxy.ChatMessage, []gemPendingCall, *proxy.Error) {
+// modelMessage turns a model turn into an assistant message and its function calls.
+func modelMessage(c wireContent, turn int, where string) (proxy.ChatMessage, []pendingCall, *proxy.Error) {
 	var text, thoughts strings.Builder
 	var restored []string
 	seen := map[string]bool{}
-	var calls []gemPendingCall
+	var calls []pendingCall
 	msg := proxy.ChatMessage{Role: "assistant"}
 	for j, p := range c.Parts {
 		if sig := p.ThoughtSignature; sig != "" && !seen[sig] {
-			if r, ok := gemReadSignature(sig); ok {
+			if r, ok := readSignature(sig); ok {
 				seen[sig] = true
 				restored = append(restored, r)
 			}
@@ -668,9 +668,9 @@ func gemModelMessage(c gemContent, turn int, where string) (proxy.ChatMessage, [
 			}
 			msg.ToolCalls = append(msg.ToolCalls, proxy.ChatToolCall{
 				ID: id, Type: "function",
-				Function: proxy.ChatFunctionCall{Name: fc.Name, Arguments: gemArgsString(fc.Args)},
+				Function: proxy.ChatFunctionCall{Name: fc.Name, Arguments: argsString(fc.Args)},
 			})
-			calls = append(calls, gemPendingCall{id: id, name: fc.Name})
+			calls = append(calls, pendingCall{id: id, name: fc.Name})
 		}
 		if p.Text != nil {
 			if p.Thought {
@@ -689,9 +689,9 @@ func gemModelMessage(c gemContent, turn int, where string) (proxy.ChatMessage, [
 	return msg, calls, nil
 }
 
-// gemUserMessages turns a user turn into tool messages (its function responses, first)
+// userMessages turns a user turn into tool messages (its function responses, first)
 // and a user message (its other parts).
-func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []proxy.ChatMessage {
+func userMessages(c wireContent, turn int, pending []pendingCall) []proxy.ChatMessage {
 	var tools []proxy.ChatMessage
 	var parts []proxy.ChatPart
 	image := false
@@ -709,8 +709,8 @@ func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []proxy.C
 		}
 		parts = append(parts, proxy.ChatPart{Type: "text", Text: fmt.Sprintf("[%s content omitted: only text and images are forwarded]", mime)})
 	}
-	var media func(p gemPart)
-	media = func(p gemPart) {
+	var media func(p part)
+	media = func(p part) {
 		switch {
 		case p.InlineData != nil:
 			addMedia(p.InlineData.MimeType, p.InlineData.Data, true)
@@ -722,13 +722,13 @@ func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []proxy.C
 		switch {
 		case p.FunctionResponse != nil:
 			fr := p.FunctionResponse
-			id := gemMatchCall(pending, fr)
+			id := matchCall(pending, fr)
 			if id == "" {
 				id = fmt.Sprintf("call_%d_%d", turn, j)
 			}
 			content := "{}"
-			if gemPresent(fr.Response) {
-				content = string(gemCanonJSON(fr.Response))
+			if isPresent(fr.Response) {
+				content = string(canonJSON(fr.Response))
 			}
 			tools = append(tools, proxy.ChatMessage{Role: "tool", Content: content, ToolCallID: id})
 			for _, fp := range fr.Parts {
@@ -759,8 +759,8 @@ func gemUserMessages(c gemContent, turn int, pending []gemPendingCall) []proxy.C
 	return out
 }
 
-// gemMatchCall finds the id of the call a function response answers ("" when none).
-func gemMatchCall(pending []gemPendingCall, fr *gemFunctionResponse) string {
+// matchCall finds the id of the call a function response answers ("" when none).
+func matchCall(pending []pendingCall, fr *functionResponse) string {
 	if fr.ID != "" {
 		for k := range pending {
 			if pending[k].id == fr.ID {
@@ -778,8 +778,8 @@ func gemMatchCall(pending []gemPendingCall, fr *gemFunctionResponse) string {
 	return ""
 }
 
-// gemJoinText joins the non-thought text parts.
-func gemJoinText(parts []gemPart, sep string) string {
+// joinText joins the non-thought text parts.
+func joinText(parts []part, sep string) string {
 	var texts []string
 	for _, p := range parts {
 		if p.Text != nil && !p.Thought && *p.Text != "" {
@@ -789,12 +789,12 @@ func gemJoinText(parts []gemPart, sep string) string {
 	return strings.Join(texts, sep)
 }
 
-func gemPresent(raw json.RawMessage) bool {
+func isPresent(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
 	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
 }
 
-func gemCompact(raw json.RawMessage) json.RawMessage {
+func compact(raw json.RawMessage) json.RawMessage {
 	var b bytes.Buffer
 	if err := json.Compact(&b, raw); err != nil {
 		return raw
@@ -802,19 +802,19 @@ func gemCompact(raw json.RawMessage) json.RawMessage {
 	return b.Bytes()
 }
 
-// gemArgsString is a functionCall's args as the Chat arguments string.
-func gemArgsString(args json.RawMessage) string {
-	if !gemPresent(args) {
+// argsString is a functionCall's args as the Chat arguments string.
+func argsString(args json.RawMessage) string {
+	if !isPresent(args) {
 		return "{}"
 	}
-	return string(gemCanonJSON(args))
+	return string(canonJSON(args))
 }
 
-// gemCanonJSON re-encodes a JSON value compactly with its key order and number literals
+// canonJSON re-encodes a JSON value compactly with its key order and number literals
 // kept and strings written as UTF-8 rather than \u escapes, so that what the model reads
 // does not depend on how a client's JSON encoder escapes (Python's ensure_ascii, Go's
 // HTML escaping). Invalid input is returned compacted as is.
-func gemCanonJSON(raw json.RawMessage) json.RawMessage {
+func canonJSON(raw json.RawMessage) json.RawMessage {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var b, sb bytes.Buffer
@@ -831,7 +831,7 @@ func gemCanonJSON(raw json.RawMessage) json.RawMessage {
 			break
 		}
 		if err != nil {
-			return gemCompact(raw)
+			return compact(raw)
 		}
 		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
 			stack = stack[:len(stack)-1]
@@ -871,9 +871,9 @@ func gemCanonJSON(raw json.RawMessage) json.RawMessage {
 	return b.Bytes()
 }
 
-// gemArgsJSON is a Chat arguments string as a Gemini args object: the JSON object
+// argsJSON is a Chat arguments string as a Gemini args object: the JSON object
 // itself (also when it was sent as a JSON string holding one), {} otherwise.
-func gemArgsJSON(arguments string) json.RawMessage {
+func argsJSON(arguments string) json.RawMessage {
 	t := strings.TrimSpace(arguments)
 	if strings.HasPrefix(t, `"`) {
 		var s string
@@ -882,15 +882,15 @@ func gemArgsJSON(arguments string) json.RawMessage {
 		}
 	}
 	if strings.HasPrefix(t, "{") && json.Valid([]byte(t)) {
-		return gemCompact(json.RawMessage(t))
+		return compact(json.RawMessage(t))
 	}
 	return json.RawMessage("{}")
 }
 
-// gemSchema converts a Gemini Schema (OpenAPI subset, upper-case type names) to JSON
+// schema converts a Gemini Schema (OpenAPI subset, upper-case type names) to JSON
 // Schema, keeping key order.
-func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
-	return gemRewriteObject(raw, func(k string, v json.RawMessage) (json.RawMessage, bool, error) {
+func schema(raw json.RawMessage) (json.RawMessage, error) {
+	return rewriteObject(raw, func(k string, v json.RawMessage) (json.RawMessage, bool, error) {
 		switch k {
 		case "type":
 			var s string
@@ -901,11 +901,11 @@ func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
 				v, _ = json.Marshal(strings.ToLower(s))
 			}
 		case "items", "additionalProperties", "not":
-			s, err := gemSchema(v)
+			s, err := schema(v)
 			return s, true, err
 		case "properties", "$defs", "definitions":
-			s, err := gemRewriteObject(v, func(_ string, v json.RawMessage) (json.RawMessage, bool, error) {
-				s, err := gemSchema(v)
+			s, err := rewriteObject(v, func(_ string, v json.RawMessage) (json.RawMessage, bool, error) {
+				s, err := schema(v)
 				return s, true, err
 			})
 			return s, true, err
@@ -913,7 +913,7 @@ func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
 			var list []json.RawMessage
 			if json.Unmarshal(v, &list) == nil {
 				for i := range list {
-					s, err := gemSchema(list[i])
+					s, err := schema(list[i])
 					if err != nil {
 						return nil, false, err
 					}
@@ -922,21 +922,21 @@ func gemSchema(raw json.RawMessage) (json.RawMessage, error) {
 				v, _ = json.Marshal(list)
 			}
 		}
-		return gemCompact(v), true, nil
+		return compact(v), true, nil
 	})
 }
 
-// gemRewriteObject rewrites each value of a JSON object with fn, keeping key order and
+// rewriteObject rewrites each value of a JSON object with fn, keeping key order and
 // dropping the keys fn does not keep; anything but an object is returned compacted.
-func gemRewriteObject(raw json.RawMessage, fn func(k string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
+func rewriteObject(raw json.RawMessage, fn func(k string, v json.RawMessage) (json.RawMessage, bool, error)) (json.RawMessage, error) {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || t[0] != '{' {
-		return gemCompact(t), nil
+		return compact(t), nil
 	}
 	var b bytes.Buffer
 	b.WriteByte('{')
 	n := 0
-	err := gemEachKey(t, func(k string, v json.RawMessage) error {
+	err := eachKey(t, func(k string, v json.RawMessage) error {
 		v, keep, err := fn(k, v)
 		if err != nil || !keep {
 			return err
@@ -958,8 +958,8 @@ func gemRewriteObject(raw json.RawMessage, fn func(k string, v json.RawMessage) 
 	return b.Bytes(), nil
 }
 
-// gemEachKey calls fn for each member of a JSON object, in order.
-func gemEachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error) error {
+// eachKey calls fn for each member of a JSON object, in order.
+func eachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error) error {
 	dec := json.NewDecoder(bytes.NewReader(obj))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return fmt.Errorf("expected a JSON object")
@@ -984,13 +984,13 @@ func gemEachKey(obj json.RawMessage, fn func(k string, v json.RawMessage) error)
 	return nil
 }
 
-// gemSignature is floe's thoughtSignature for reasoning text.
-func gemSignature(reasoning string) string {
+// signature is floe's thoughtSignature for reasoning text.
+func signature(reasoning string) string {
 	return base64.StdEncoding.EncodeToString([]byte(proxy.SignaturePrefix + reasoning))
 }
 
-// gemReadSignature restores reasoning from a floe signature; ok is false for others.
-func gemReadSignature(sig string) (string, bool) {
+// readSignature restores reasoning from a floe signature; ok is false for others.
+func readSignature(sig string) (string, bool) {
 	// base64 of the 6-byte prefix is exactly these 8 characters.
 	if !strings.HasPrefix(sig, "ZmxvZTEu") {
 		return "", false
@@ -1008,26 +1008,26 @@ func gemReadSignature(sig string) (string, bool) {
 
 // ---- answers ----
 
-func gemStateOf(req *proxy.Request) *gemState {
+func stateOf(req *proxy.Request) *state {
 	if req != nil {
-		if st, ok := req.State.(*gemState); ok && st != nil {
+		if st, ok := req.State.(*state); ok && st != nil {
 			return st
 		}
 	}
-	return &gemState{Method: gemMethodGenerate, IncludeThoughts: true}
+	return &state{Method: methodGenerate, IncludeThoughts: true}
 }
 
-func gemModelOf(req *proxy.Request) string {
+func modelOf(req *proxy.Request) string {
 	if req == nil {
 		return ""
 	}
 	return req.Model
 }
 
-func gemText(s string) *string { return &s }
+func textPtr(s string) *string { return &s }
 
-// gemFinish maps a normalized finish reason to Gemini's.
-func gemFinish(reason string) string {
+// finishOf maps a normalized finish reason to Gemini's.
+func finishOf(reason string) string {
 	switch reason {
 	case proxy.FinishStop, proxy.FinishToolCalls, "":
 		return "STOP"
@@ -1039,20 +1039,20 @@ func gemFinish(reason string) string {
 	return "OTHER"
 }
 
-func gemUsageOf(u proxy.Usage) *gemUsage {
+func usageOf(u proxy.Usage) *wireUsage {
 	total := u.TotalTokens
 	if total == 0 {
 		total = u.PromptTokens + u.CompletionTokens
 	}
-	return &gemUsage{PromptTokenCount: u.PromptTokens, CandidatesTokenCount: u.CompletionTokens, TotalTokenCount: total}
+	return &wireUsage{PromptTokenCount: u.PromptTokens, CandidatesTokenCount: u.CompletionTokens, TotalTokenCount: total}
 }
 
-// gemAnswerParts renders one answer as parts: thoughts (when the caller wants them),
+// answerParts renders one answer as parts: thoughts (when the caller wants them),
 // text, function calls; floe's signature on the first non-thought part.
-func gemAnswerParts(m proxy.ChatMessage, includeThoughts bool) []gemPart {
-	var parts []gemPart
+func answerParts(m proxy.ChatMessage, includeThoughts bool) []part {
+	var parts []part
 	if includeThoughts && m.ReasoningContent != "" {
-		parts = append(parts, gemPart{Text: gemText(m.ReasoningContent), Thought: true})
+		parts = append(parts, part{Text: textPtr(m.ReasoningContent), Thought: true})
 	}
 	host := -1
 	if text := proxy.ContentText(m.Content); text != "" {
@@ -1061,40 +1061,40 @@ func gemAnswerParts(m proxy.ChatMessage, includeThoughts bool) []gemPart {
 		if strings.TrimSpace(text) != "" {
 			host = len(parts)
 		}
-		parts = append(parts, gemPart{Text: gemText(text)})
+		parts = append(parts, part{Text: textPtr(text)})
 	}
 	if host < 0 && len(m.ToolCalls) > 0 {
 		host = len(parts)
 	}
 	for _, tc := range m.ToolCalls {
-		parts = append(parts, gemPart{FunctionCall: &gemFunctionCall{
-			ID: tc.ID, Name: tc.Function.Name, Args: gemArgsJSON(tc.Function.Arguments),
+		parts = append(parts, part{FunctionCall: &functionCall{
+			ID: tc.ID, Name: tc.Function.Name, Args: argsJSON(tc.Function.Arguments),
 		}})
 	}
 	if m.ReasoningContent != "" {
 		if host >= 0 {
-			parts[host].ThoughtSignature = gemSignature(m.ReasoningContent)
+			parts[host].ThoughtSignature = signature(m.ReasoningContent)
 		} else {
-			parts = append(parts, gemPart{ThoughtSignature: gemSignature(m.ReasoningContent)})
+			parts = append(parts, part{ThoughtSignature: signature(m.ReasoningContent)})
 		}
 	}
 	if len(parts) == 0 {
-		parts = []gemPart{{Text: gemText("")}} // as Gemini sends an empty answer
+		parts = []part{{Text: textPtr("")}} // as Gemini sends an empty answer
 	}
 	return parts
 }
 
 // WriteResponse implements Dialect.
 func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
-	st := gemStateOf(req)
-	out := gemResponse{Candidates: []gemCandidate{}, ModelVersion: gemModelOf(req)}
+	st := stateOf(req)
+	out := response{Candidates: []candidate{}, ModelVersion: modelOf(req)}
 	if res != nil {
 		out.ResponseID = res.ID
-		out.UsageMetadata = gemUsageOf(res.Usage)
+		out.UsageMetadata = usageOf(res.Usage)
 		for _, ch := range res.Choices {
-			out.Candidates = append(out.Candidates, gemCandidate{
-				Content:      gemContent{Role: "model", Parts: gemAnswerParts(ch.Message, st.IncludeThoughts)},
-				FinishReason: gemFinish(ch.FinishReason),
+			out.Candidates = append(out.Candidates, candidate{
+				Content:      wireContent{Role: "model", Parts: answerParts(ch.Message, st.IncludeThoughts)},
+				FinishReason: finishOf(ch.FinishReason),
 				Index:        ch.Index,
 			})
 		}
@@ -1104,46 +1104,46 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 
 // ---- streaming ----
 
-// gemStreamCall is a streamed function call whose arguments are still arriving.
-type gemStreamCall struct {
+// streamCall is a streamed function call whose arguments are still arriving.
+type streamCall struct {
 	index    int
 	id, name string
 	args     strings.Builder
 }
 
-type gemStream struct {
+type answerStream struct {
 	sse             *proxy.SSEWriter
 	model, id       string
 	includeThoughts bool
-	unsigned        strings.Builder  // reasoning not yet covered by a signature
-	open            []*gemStreamCall // calls not yet sent, by index
-	sent            map[int]bool     // indexes of calls already sent
+	unsigned        strings.Builder // reasoning not yet covered by a signature
+	open            []*streamCall   // calls not yet sent, by index
+	sent            map[int]bool    // indexes of calls already sent
 	done            bool
 }
 
 // NewStream implements Dialect.
 func (Dialect) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
-	return &gemStream{
+	return &answerStream{
 		sse:             proxy.NewSSE(w),
-		model:           gemModelOf(req),
-		id:              gemNewID(),
-		includeThoughts: gemStateOf(req).IncludeThoughts,
+		model:           modelOf(req),
+		id:              newID(),
+		includeThoughts: stateOf(req).IncludeThoughts,
 		sent:            map[int]bool{},
 	}
 }
 
-func gemNewID() string {
+func newID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
-func (s *gemStream) send(parts []gemPart, finish string, usage *gemUsage) error {
+func (s *answerStream) send(parts []part, finish string, usage *wireUsage) error {
 	if len(parts) == 0 {
-		parts = []gemPart{{Text: gemText("")}}
+		parts = []part{{Text: textPtr("")}}
 	}
-	return s.sse.Event("", gemResponse{
-		Candidates:    []gemCandidate{{Content: gemContent{Role: "model", Parts: parts}, FinishReason: finish}},
+	return s.sse.Event("", response{
+		Candidates:    []candidate{{Content: wireContent{Role: "model", Parts: parts}, FinishReason: finish}},
 		UsageMetadata: usage,
 		ModelVersion:  s.model,
 		ResponseID:    s.id,
@@ -1152,16 +1152,16 @@ func (s *gemStream) send(parts []gemPart, finish string, usage *gemUsage) error 
 
 // sign puts the signature of the reasoning so far on p, the first non-thought part
 // after it.
-func (s *gemStream) sign(p *gemPart) {
+func (s *answerStream) sign(p *part) {
 	if s.unsigned.Len() > 0 {
-		p.ThoughtSignature = gemSignature(s.unsigned.String())
+		p.ThoughtSignature = signature(s.unsigned.String())
 		s.unsigned.Reset()
 	}
 }
 
 // take removes the open calls with index below limit and returns them as parts.
-func (s *gemStream) take(limit int) []gemPart {
-	var parts []gemPart
+func (s *answerStream) take(limit int) []part {
+	var parts []part
 	keep := s.open[:0]
 	for _, c := range s.open {
 		if c.index >= limit {
@@ -1172,7 +1172,7 @@ func (s *gemStream) take(limit int) []gemPart {
 		if id == "" {
 			id = fmt.Sprintf("call_%s_%d", s.id, c.index)
 		}
-		p := gemPart{FunctionCall: &gemFunctionCall{ID: id, Name: c.name, Args: gemArgsJSON(c.args.String())}}
+		p := part{FunctionCall: &functionCall{ID: id, Name: c.name, Args: argsJSON(c.args.String())}}
 		if len(parts) == 0 {
 			s.sign(&p)
 		}
@@ -1185,24 +1185,24 @@ func (s *gemStream) take(limit int) []gemPart {
 
 // Delta implements Stream. Text and thoughts are sent as they come; a function call is
 // sent whole when the next call starts or the stream ends.
-func (s *gemStream) Delta(d proxy.Delta) error {
+func (s *answerStream) Delta(d proxy.Delta) error {
 	if s.done {
 		return errors.New("gemini stream: delta after the end")
 	}
 	if d.Reasoning != "" {
 		s.unsigned.WriteString(d.Reasoning)
 		if s.includeThoughts {
-			if err := s.send([]gemPart{{Text: gemText(d.Reasoning), Thought: true}}, "", nil); err != nil {
+			if err := s.send([]part{{Text: textPtr(d.Reasoning), Thought: true}}, "", nil); err != nil {
 				return err
 			}
 		}
 	}
 	if d.Content != "" {
-		p := gemPart{Text: gemText(d.Content)}
+		p := part{Text: textPtr(d.Content)}
 		if strings.TrimSpace(d.Content) != "" { // blank parts get dropped by harnesses
 			s.sign(&p)
 		}
-		if err := s.send([]gemPart{p}, "", nil); err != nil {
+		if err := s.send([]part{p}, "", nil); err != nil {
 			return err
 		}
 	}
@@ -1210,7 +1210,7 @@ func (s *gemStream) Delta(d proxy.Delta) error {
 		if s.sent[tc.Index] {
 			return fmt.Errorf("gemini stream: fragment of tool call %d after it was sent", tc.Index)
 		}
-		var call *gemStreamCall
+		var call *streamCall
 		for _, c := range s.open {
 			if c.index == tc.Index {
 				call = c
@@ -1222,7 +1222,7 @@ func (s *gemStream) Delta(d proxy.Delta) error {
 					return err
 				}
 			}
-			call = &gemStreamCall{index: tc.Index}
+			call = &streamCall{index: tc.Index}
 			s.open = append(s.open, call)
 			sort.SliceStable(s.open, func(a, b int) bool { return s.open[a].index < s.open[b].index })
 		}
@@ -1238,34 +1238,34 @@ func (s *gemStream) Delta(d proxy.Delta) error {
 }
 
 // End implements Stream: the remaining calls, finishReason and usage in one last event.
-func (s *gemStream) End(finishReason string, usage proxy.Usage) error {
+func (s *answerStream) End(finishReason string, usage proxy.Usage) error {
 	if s.done {
 		return errors.New("gemini stream: ended twice")
 	}
 	s.done = true
 	parts := s.take(int(^uint(0) >> 1))
 	if s.unsigned.Len() > 0 {
-		p := gemPart{}
+		p := part{}
 		s.sign(&p)
 		parts = append(parts, p)
 	}
-	return s.send(parts, gemFinish(finishReason), gemUsageOf(usage))
+	return s.send(parts, finishOf(finishReason), usageOf(usage))
 }
 
 // Fail implements Stream.
-func (s *gemStream) Fail(e *proxy.Error) error {
+func (s *answerStream) Fail(e *proxy.Error) error {
 	if s.done {
 		return errors.New("gemini stream: failed after the end")
 	}
 	s.done = true
-	_, body := gemErrorOf(e)
+	_, body := errorOf(e)
 	return s.sse.Event("", body)
 }
 
 // ---- errors, models, counts ----
 
-// gemErrorOf renders err as Gemini's error body and its HTTP status.
-func gemErrorOf(e *proxy.Error) (int, gemErrorBody) {
+// errorOf renders err as Gemini's error body and its HTTP status.
+func errorOf(e *proxy.Error) (int, errorBody) {
 	if e == nil {
 		e = &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "internal error"}
 	}
@@ -1308,13 +1308,13 @@ func gemErrorOf(e *proxy.Error) (int, gemErrorBody) {
 		}
 	}
 	if status == "" {
-		status = gemStatusFor(code)
+		status = statusFor(code)
 	}
-	return code, gemErrorBody{Error: gemErrorDetail{Code: code, Message: msg, Status: status}}
+	return code, errorBody{Error: errorDetail{Code: code, Message: msg, Status: status}}
 }
 
-// gemStatusFor is Google's canonical status for an HTTP code.
-func gemStatusFor(code int) string {
+// statusFor is Google's canonical status for an HTTP code.
+func statusFor(code int) string {
 	switch code {
 	case 400, 413:
 		return "INVALID_ARGUMENT"
@@ -1336,11 +1336,11 @@ func gemStatusFor(code int) string {
 
 // WriteError implements Dialect.
 func (Dialect) WriteError(w http.ResponseWriter, err *proxy.Error) {
-	code, body := gemErrorOf(err)
+	code, body := errorOf(err)
 	_ = proxy.WriteJSON(w, code, body)
 }
 
-type gemModel struct {
+type modelInfo struct {
 	Name                       string   `json:"name"`
 	DisplayName                string   `json:"displayName"`
 	SupportedGenerationMethods []string `json:"supportedGenerationMethods"`
@@ -1348,12 +1348,12 @@ type gemModel struct {
 
 // WriteModels implements Dialect.
 func (Dialect) WriteModels(w http.ResponseWriter, models []string) {
-	list := make([]gemModel, 0, len(models))
+	list := make([]modelInfo, 0, len(models))
 	for _, m := range models {
-		list = append(list, gemModel{
+		list = append(list, modelInfo{
 			Name:                       "models/" + m,
 			DisplayName:                m,
-			SupportedGenerationMethods: []string{gemMethodGenerate, gemMethodStream, gemMethodCount},
+			SupportedGenerationMethods: []string{methodGenerate, methodStream, methodCount},
 		})
 	}
 	_ = proxy.WriteJSON(w, http.StatusOK, map[string]any{"models": list})

@@ -16,7 +16,7 @@ import (
 	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
-// OpenAIChat is the OpenAI Chat Completions API (/v1/chat/completions): the upstream's own
+// Chat is the OpenAI Chat Completions API (/v1/chat/completions): the upstream's own
 // dialect, so decoding is mostly validation and encoding mostly renaming the model back.
 type Chat struct{}
 

@@ -14,7 +14,7 @@ import (
 	gojson "github.com/goccy/go-json"
 )
 
-// SGLang talks to SGLang's OpenAI-compatible server. It asks /v1/chat/completions for
+// Engine talks to SGLang's OpenAI-compatible server. It asks /v1/chat/completions for
 // the sampled tokens' log-probabilities (logprobs), the prompt's token ids
 // (return_prompt_token_ids), the response's token ids (return_token_ids) and, for servers
 // that predate return_token_ids, the per-token (logprob, id) pairs of meta_info
@@ -89,12 +89,12 @@ func (s *Engine) served(ctx context.Context) (string, error) {
 }
 
 func (s *Engine) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
-	return upstream.PostJSON(ctx, s.client(), s.BaseURL, path, body, sglangError)
+	return upstream.PostJSON(ctx, s.client(), s.BaseURL, path, body, mapError)
 }
 
-// sglangRequest is ChatRequest plus SGLang's token flags. Streaming is never asked for:
+// request is ChatRequest plus SGLang's token flags. Streaming is never asked for:
 // SGLang refuses the id flags on a stream.
-type sglangRequest struct {
+type request struct {
 	*proxy.ChatRequest
 	Logprobs             bool `json:"logprobs"`
 	ReturnPromptTokenIDs bool `json:"return_prompt_token_ids"`
@@ -112,52 +112,52 @@ func (s *Engine) body(ctx context.Context, req *proxy.ChatRequest) ([]byte, erro
 	}
 	r := *req
 	r.Model, r.Stream = model, false
-	b, err := gojson.Marshal(sglangRequest{ChatRequest: &r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
+	b, err := gojson.Marshal(request{ChatRequest: &r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
 	}
 	return b, nil
 }
 
-// sglangResponse is a non-streaming /v1/chat/completions answer.
-type sglangResponse struct {
-	ID      string         `json:"id"`
-	Choices []sglangChoice `json:"choices"`
-	Usage   *proxy.Usage   `json:"usage"`
+// response is a non-streaming /v1/chat/completions answer.
+type response struct {
+	ID      string           `json:"id"`
+	Choices []responseChoice `json:"choices"`
+	Usage   *proxy.Usage     `json:"usage"`
 }
 
-type sglangChoice struct {
+type responseChoice struct {
 	Index          int                `json:"index"`
 	Message        *proxy.ChatMessage `json:"message"`
 	FinishReason   *string            `json:"finish_reason"`
-	Logprobs       *sglangLogprobs    `json:"logprobs"`
+	Logprobs       *choiceLogprobs    `json:"logprobs"`
 	PromptTokenIDs []int32            `json:"prompt_token_ids"`
 	// The generated ids under return_token_ids: token_ids from sgl-project/sglang#30917,
 	// response_token_ids since #35225.
-	TokenIDs         []int32         `json:"token_ids"`
-	ResponseTokenIDs []int32         `json:"response_token_ids"`
-	MetaInfo         *sglangMetaInfo `json:"meta_info"`
+	TokenIDs         []int32   `json:"token_ids"`
+	ResponseTokenIDs []int32   `json:"response_token_ids"`
+	MetaInfo         *metaInfo `json:"meta_info"`
 }
 
-// sglangLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
+// choiceLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
 // encoder writes -inf and NaN as null, which must not read as 0 (probability one).
-type sglangLogprobs struct {
+type choiceLogprobs struct {
 	Content []struct {
 		Logprob *float64 `json:"logprob"`
 	} `json:"content"`
 }
 
-type sglangMetaInfo struct {
-	OutputTokenLogprobs []sglangTokenLogprob `json:"output_token_logprobs"`
+type metaInfo struct {
+	OutputTokenLogprobs []tokenLogprob `json:"output_token_logprobs"`
 }
 
-// sglangTokenLogprob is one (logprob, token_id, token_text) tuple of
+// tokenLogprob is one (logprob, token_id, token_text) tuple of
 // meta_info.output_token_logprobs; only the token id is used.
-type sglangTokenLogprob struct {
+type tokenLogprob struct {
 	ID int32
 }
 
-func (t *sglangTokenLogprob) UnmarshalJSON(b []byte) error {
+func (t *tokenLogprob) UnmarshalJSON(b []byte) error {
 	var tuple []json.RawMessage
 	if err := gojson.Unmarshal(b, &tuple); err != nil {
 		return fmt.Errorf("an output_token_logprobs entry is not a (logprob, token_id, text) array: %w", err)
@@ -177,7 +177,7 @@ func (s *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 	if err != nil {
 		return nil, err
 	}
-	var sr sglangResponse
+	var sr response
 	latency, err := upstream.Complete(ctx, s.post, body, &sr)
 	if err != nil {
 		return nil, err
@@ -195,15 +195,15 @@ func (s *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 		c := &sr.Choices[i]
 		ch := upstream.AnswerChoice(c.Index, c.Message, c.FinishReason)
 		res.Response.Choices = append(res.Response.Choices, ch)
-		res.Choices = append(res.Choices, sglangTokenData(c, res.PromptIDs, ch.FinishReason))
+		res.Choices = append(res.Choices, tokenData(c, res.PromptIDs, ch.FinishReason))
 	}
 	return res, nil
 }
 
-// sglangTokenData gathers one choice's token data and says why it cannot be trained on,
+// tokenData gathers one choice's token data and says why it cannot be trained on,
 // if it cannot. prompt is choice 0's prompt_token_ids, which a sibling choice must repeat
 // when it carries its own.
-func sglangTokenData(c *sglangChoice, prompt []int32, finish string) proxy.TokenData {
+func tokenData(c *responseChoice, prompt []int32, finish string) proxy.TokenData {
 	var metaIDs []int32
 	if c.MetaInfo != nil && c.MetaInfo.OutputTokenLogprobs != nil {
 		metaIDs = make([]int32, len(c.MetaInfo.OutputTokenLogprobs))
@@ -291,10 +291,10 @@ func answerDeltas(m proxy.ChatMessage) []proxy.Delta {
 	return out
 }
 
-// sglangTokenizeRequest is SGLang's TokenizeRequest for a conversation: the server
+// tokenizeRequest is SGLang's TokenizeRequest for a conversation: the server
 // renders it with the chat template exactly as /v1/chat/completions would (generation
 // prompt included) and counts the tokens.
-type sglangTokenizeRequest struct {
+type tokenizeRequest struct {
 	Model              string              `json:"model"`
 	Messages           []proxy.ChatMessage `json:"messages"`
 	Tools              []proxy.ChatTool    `json:"tools,omitempty"`
@@ -309,37 +309,37 @@ func (s *Engine) CountTokens(ctx context.Context, req *proxy.ChatRequest) (int, 
 	if err != nil {
 		return 0, err
 	}
-	body, err := gojson.Marshal(sglangTokenizeRequest{Model: model, Messages: req.Messages, Tools: req.Tools,
+	body, err := gojson.Marshal(tokenizeRequest{Model: model, Messages: req.Messages, Tools: req.Tools,
 		ToolChoice: req.ToolChoice, ChatTemplateKwargs: req.ChatTemplateKwargs})
 	if err != nil {
 		return 0, fmt.Errorf("encoding the tokenize request: %w", err)
 	}
-	return upstream.TokenCount(ctx, s.client(), s.BaseURL, "/v1/tokenize", body, sglangError)
+	return upstream.TokenCount(ctx, s.client(), s.BaseURL, "/v1/tokenize", body, mapError)
 }
 
 func (s *Engine) Models(ctx context.Context) ([]string, error) {
-	return upstream.ListModels(ctx, s.client(), s.BaseURL, sglangError)
+	return upstream.ListModels(ctx, s.client(), s.BaseURL, mapError)
 }
 
 // SGLang's two context-length refusals (tokenizer_manager.py's request validation).
 var (
-	sglangInputTooLongRE = regexp.MustCompile(`The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)`)
-	sglangRequestedRE    = regexp.MustCompile(`maximum context length of (\d+) tokens\. You requested a total of (\d+) tokens: (\d+) tokens from the input messages and (\d+) tokens for the completion`)
+	inputTooLongRE = regexp.MustCompile(`The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)`)
+	requestedRE    = regexp.MustCompile(`maximum context length of (\d+) tokens\. You requested a total of (\d+) tokens: (\d+) tokens from the input messages and (\d+) tokens for the completion`)
 )
 
-// sglangError turns an SGLang error answer into an *Error. SGLang words a context overflow
-// differently from vLLM; its words are put into vLLM's and mapped by upstreamError, so
+// mapError turns an SGLang error answer into an *Error. SGLang words a context overflow
+// differently from vLLM; its words are put into vLLM's and mapped by upstream.MapError, so
 // that every dialect answers an SGLang overflow exactly as a vLLM one (Anthropic's
 // "input length and `max_tokens` exceed context limit", on which Claude Code lowers
 // max_tokens, is read from vLLM's "(N in the messages, M in the completion)").
-func sglangError(status int, body []byte) *proxy.Error {
+func mapError(status int, body []byte) *proxy.Error {
 	msg := upstream.Message(body)
-	if m := sglangRequestedRE.FindStringSubmatch(msg); m != nil {
+	if m := requestedRE.FindStringSubmatch(msg); m != nil {
 		return upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil,
 			"This model's maximum context length is %s tokens. However, you requested %s tokens (%s in the messages, %s in the completion). Please reduce the length of the messages or completion.",
 			m[1], m[2], m[3], m[4]))
 	}
-	if m := sglangInputTooLongRE.FindStringSubmatch(msg); m != nil {
+	if m := inputTooLongRE.FindStringSubmatch(msg); m != nil {
 		return upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil,
 			"This model's maximum context length is %s tokens. However, you requested %s tokens in the messages, Please reduce the length of the messages.",
 			m[2], m[1]))

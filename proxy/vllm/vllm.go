@@ -16,7 +16,7 @@ import (
 	gojson "github.com/goccy/go-json"
 )
 
-// VLLM talks to vLLM's OpenAI-compatible server (>= 0.10.2), asking for token ids with
+// Engine talks to vLLM's OpenAI-compatible server (>= 0.10.2), asking for token ids with
 // return_token_ids and for the sampled tokens' log-probabilities with logprobs. vLLM should
 // run with --logprobs-mode processed_logprobs, so that the log-probabilities are those of
 // the distribution actually sampled from (after temperature and top-p), which is what the
@@ -47,8 +47,8 @@ func (v *Engine) served(ctx context.Context) (string, error) {
 	return v.cache.Get(ctx, v.Model, v.Models)
 }
 
-// vllmRequest is ChatRequest plus the token-id flags.
-type vllmRequest struct {
+// request is ChatRequest plus the token-id flags.
+type request struct {
 	*proxy.ChatRequest
 	Logprobs       bool           `json:"logprobs"`
 	ReturnTokenIDs bool           `json:"return_token_ids"`
@@ -62,7 +62,7 @@ func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) 
 	}
 	r := *req
 	r.Model, r.Stream = model, stream
-	vr := vllmRequest{ChatRequest: &r, Logprobs: true, ReturnTokenIDs: true}
+	vr := request{ChatRequest: &r, Logprobs: true, ReturnTokenIDs: true}
 	if stream {
 		vr.StreamOptions = map[string]any{"include_usage": true}
 	}
@@ -79,18 +79,18 @@ func (v *Engine) post(ctx context.Context, path string, body []byte) (*http.Resp
 	return upstream.PostJSON(ctx, v.client(), v.BaseURL, path, body, upstream.MapError)
 }
 
-// vllmChoice is a choice of a vLLM response or stream chunk.
-type vllmChoice struct {
+// chunkChoice is a choice of a vLLM response or stream chunk.
+type chunkChoice struct {
 	Index        int                `json:"index"`
 	Message      *proxy.ChatMessage `json:"message"`
-	Delta        *vllmDelta         `json:"delta"`
+	Delta        *delta             `json:"delta"`
 	FinishReason *string            `json:"finish_reason"`
 	TokenIDs     []int32            `json:"token_ids"`
-	Logprobs     *vllmLogprobs      `json:"logprobs"`
+	Logprobs     *choiceLogprobs    `json:"logprobs"`
 	MetaInfo     map[string]any     `json:"meta_info,omitempty"`
 }
 
-type vllmDelta struct {
+type delta struct {
 	Content          *string `json:"content"`
 	ReasoningContent *string `json:"reasoning_content"`
 	Reasoning        *string `json:"reasoning"` // newer vLLM name for reasoning_content
@@ -104,17 +104,17 @@ type vllmDelta struct {
 	} `json:"tool_calls"`
 }
 
-type vllmLogprobs struct {
+type choiceLogprobs struct {
 	Content []struct {
 		Logprob float32 `json:"logprob"`
 	} `json:"content"`
 }
 
-type vllmResponse struct {
-	ID             string       `json:"id"`
-	Choices        []vllmChoice `json:"choices"`
-	Usage          *proxy.Usage `json:"usage"`
-	PromptTokenIDs []int32      `json:"prompt_token_ids"`
+type response struct {
+	ID             string        `json:"id"`
+	Choices        []chunkChoice `json:"choices"`
+	Usage          *proxy.Usage  `json:"usage"`
+	PromptTokenIDs []int32       `json:"prompt_token_ids"`
 }
 
 func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.Result, error) {
@@ -122,7 +122,7 @@ func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 	if err != nil {
 		return nil, err
 	}
-	var vr vllmResponse
+	var vr response
 	latency, err := upstream.Complete(ctx, v.post, body, &vr)
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 }
 
 // tokenData checks one choice's token data.
-func tokenData(ids []int32, lp *vllmLogprobs, prompt []int32) proxy.TokenData {
+func tokenData(ids []int32, lp *choiceLogprobs, prompt []int32) proxy.TokenData {
 	td := proxy.TokenData{ResponseIDs: ids}
 	if lp != nil {
 		td.Logprobs = make([]float32, len(lp.Content))
@@ -201,7 +201,7 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 			done = true
 			return errStopSSE
 		}
-		var chunk vllmResponse
+		var chunk response
 		if err := gojson.Unmarshal(data, &chunk); err != nil {
 			return fmt.Errorf("a stream chunk is not JSON: %w", err)
 		}
@@ -292,9 +292,9 @@ func finishStream(res *proxy.Result, choices []*streamChoice) {
 				ids = []int32{}
 			}
 		}
-		var lp *vllmLogprobs
+		var lp *choiceLogprobs
 		if sc.sawLP {
-			lp = &vllmLogprobs{}
+			lp = &choiceLogprobs{}
 			for _, x := range sc.logprobs {
 				lp.Content = append(lp.Content, struct {
 					Logprob float32 `json:"logprob"`

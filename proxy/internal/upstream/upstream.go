@@ -21,7 +21,7 @@ import (
 	gojson "github.com/goccy/go-json"
 )
 
-// upstreamClient keeps enough idle connections for hundreds of concurrent sessions; the
+// Client keeps enough idle connections for hundreds of concurrent sessions; the
 // default transport keeps two per host, so a busy proxy would open a TCP connection per
 // call.
 var Client = &http.Client{Transport: func() http.RoundTripper {
@@ -30,14 +30,14 @@ var Client = &http.Client{Transport: func() http.RoundTripper {
 	return t
 }()}
 
-// servedModel remembers the model an engine sends upstream when none was configured: the
+// ServedModel remembers the model an engine sends upstream when none was configured: the
 // first one the server lists, asked once.
 type ServedModel struct {
 	mu   sync.Mutex
 	name string
 }
 
-// get returns fixed when set, else the first model list names (asked on first use).
+// Get returns fixed when set, else the first model list names (asked on first use).
 func (s *ServedModel) Get(ctx context.Context, fixed string, list func(context.Context) ([]string, error)) (string, error) {
 	if fixed != "" {
 		return fixed, nil
@@ -58,7 +58,7 @@ func (s *ServedModel) Get(ctx context.Context, fixed string, list func(context.C
 	return s.name, nil
 }
 
-// postJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
+// PostJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
 // a refused connection or an error status; mapErr reads an error answer, so that each
 // engine can recognise its server's own wording.
 func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *proxy.Error) (*http.Response, error) {
@@ -91,7 +91,7 @@ var (
 	requestedRE     = regexp.MustCompile(`requested (\d+) tokens`)
 )
 
-// upstreamMessage is the message of an upstream error answer: the top-level "message" of
+// Message is the message of an upstream error answer: the top-level "message" of
 // vLLM's (and older SGLang's) flat error object, the "error.message" of OpenAI's envelope,
 // or the whole body when it is neither.
 func Message(body []byte) string {
@@ -112,7 +112,7 @@ func Message(body []byte) string {
 	return msg
 }
 
-// upstreamError turns an upstream error response into an *Error of the right kind.
+// MapError turns an upstream error response into an *Error of the right kind.
 func MapError(status int, body []byte) *proxy.Error {
 	msg := Message(body)
 	if m := contextLengthRE.FindStringSubmatch(msg); m != nil {
@@ -137,7 +137,7 @@ func MapError(status int, body []byte) *proxy.Error {
 	}
 }
 
-// answerChoice is an engine's choice as the normalized answer: an assistant message
+// AnswerChoice is an engine's choice as the normalized answer: an assistant message
 // (empty content rather than none) and its finish reason.
 func AnswerChoice(index int, m *proxy.ChatMessage, finishReason *string) proxy.Choice {
 	msg := proxy.ChatMessage{Role: "assistant", Content: ""}
@@ -155,7 +155,7 @@ func AnswerChoice(index int, m *proxy.ChatMessage, finishReason *string) proxy.C
 	return proxy.Choice{Index: index, Message: msg, FinishReason: finish}
 }
 
-// complete posts a non-streaming chat completion and decodes the answer into out; it
+// Complete posts a non-streaming chat completion and decodes the answer into out; it
 // returns the time from sending to the end of the answer.
 func Complete(ctx context.Context, post func(context.Context, string, []byte) (*http.Response, error), body []byte, out any) (time.Duration, error) {
 	start := time.Now()
@@ -177,7 +177,7 @@ func Complete(ctx context.Context, post func(context.Context, string, []byte) (*
 	return time.Since(start), nil
 }
 
-// tokenCount posts a tokenize request (vLLM's /tokenize, SGLang's /v1/tokenize: both answer
+// TokenCount posts a tokenize request (vLLM's /tokenize, SGLang's /v1/tokenize: both answer
 // {"count": n, ...}) and returns the count.
 func TokenCount(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *proxy.Error) (int, error) {
 	resp, err := PostJSON(ctx, c, baseURL, path, body, mapErr)
@@ -194,7 +194,7 @@ func TokenCount(ctx context.Context, c *http.Client, baseURL, path string, body 
 	return *out.Count, nil
 }
 
-// listModels asks an OpenAI-compatible server's GET /v1/models (vLLM and SGLang answer
+// ListModels asks an OpenAI-compatible server's GET /v1/models (vLLM and SGLang answer
 // the same {"object":"list","data":[{"id":…}]}) for the ids of its models.
 func ListModels(ctx context.Context, c *http.Client, baseURL string, mapErr func(status int, body []byte) *proxy.Error) ([]string, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/v1/models", nil)
