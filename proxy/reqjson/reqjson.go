@@ -30,9 +30,6 @@ import (
 	"math"
 	"strconv"
 
-	// goccy/go-json decodes like encoding/json, several times faster; a long agent
-	// history is decoded level by level, so its speed matters.
-
 	"github.com/floe-rl/floe/proxy"
 )
 
@@ -69,13 +66,16 @@ type Fields struct {
 // Parse checks that body is well-formed JSON holding an object and returns its fields.
 func Parse(body []byte) (Fields, error) {
 	v := At(body, BodyPath)
-	if v.Kind() == Null {
+	if len(v.raw) == 0 {
 		return Fields{}, v.Errorf("want object, got nothing")
 	}
 	if !valid(body) {
-		var probe any
+		var probe any // encoding/json says what is wrong, and where
 		err := json.Unmarshal(body, &probe)
 		return Fields{}, v.Errorf("malformed JSON: %v", err)
+	}
+	if v.Kind() != Object {
+		return Fields{}, v.Wrong("object")
 	}
 	f, err := v.Object()
 	if err != nil {

@@ -31,6 +31,7 @@ func TestParse(t *testing.T) {
 		{``, "request body: want object, got nothing"},
 		{`[1]`, "request body: want object, got array"},
 		{`"s"`, "request body: want object, got string"},
+		{`null`, "request body: want object, got null"},
 		{`{"a":`, "request body: malformed JSON: unexpected end of JSON input"},
 		{`{"a":1}x`, "request body: malformed JSON: invalid character 'x' after top-level value"},
 	}
