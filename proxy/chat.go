@@ -6,7 +6,11 @@
 // log-probabilities.
 //
 // A Dialect translates one provider API; an Engine talks to one inference server. Both
-// meet in the normalized types of this file.
+// meet in the normalized types of this file. This package holds what every call shares
+// (routing, session keys, the weight-sync gate, recording, SSE); the dialects live in
+// proxy/anthropic, proxy/openai and proxy/gemini, decoding requests with proxy/reqjson,
+// the engines in proxy/vllm and proxy/sglang, and proxy/providers assembles them. They
+// import this package, never the other way round.
 package proxy
 
 import (
