@@ -113,8 +113,8 @@ gpu-bundle:
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFaithfulness -fuzztime $(FUZZTIME) ./batcher/
-	for f in FuzzReadSSE FuzzChatDecode FuzzAnthropicDecode FuzzResponsesDecode FuzzGeminiDecode; do \
-		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./proxy/ || exit 1; \
+	for f in FuzzReadSSE:proxy FuzzChatDecode:proxy/openai FuzzAnthropicDecode:proxy/anthropic FuzzResponsesDecode:proxy/openai FuzzGeminiDecode:proxy/gemini FuzzParse:proxy/reqjson FuzzValid:proxy/reqjson FuzzDecodeString:proxy/reqjson; do \
+		$(GO) test -run '^$$' -fuzz "^$${f%%:*}$$" -fuzztime $(FUZZTIME) ./$${f#*:}/ || exit 1; \
 	done
 
 clean:

@@ -6,12 +6,18 @@
 // log-probabilities.
 //
 // A Dialect translates one provider API; an Engine talks to one inference server. Both
-// meet in the normalized types of this file.
+// meet in the normalized types of this file. This package holds what every call shares
+// (routing, session keys, the weight-sync gate, recording, SSE); the dialects live in
+// proxy/anthropic, proxy/openai and proxy/gemini, decoding requests with proxy/reqjson,
+// the engines in proxy/vllm and proxy/sglang, and proxy/providers assembles them. They
+// import this package, never the other way round.
 package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 )
 
 // ChatRequest is the normalized request: OpenAI Chat Completions as vLLM accepts it. The
@@ -194,4 +200,24 @@ type Stream interface {
 	End(finishReason string, usage Usage) error
 	// Fail ends a stream whose headers are already sent with an error event.
 	Fail(err *Error) error
+}
+
+// InvalidRequest is a 400 naming what is wrong with the caller's request.
+func InvalidRequest(format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// ContentText is a message's content as text: a string as it is, parts' text joined.
+func ContentText(c any) string {
+	switch v := c.(type) {
+	case string:
+		return v
+	case []ChatPart:
+		var b strings.Builder
+		for _, p := range v {
+			b.WriteString(p.Text)
+		}
+		return b.String()
+	}
+	return ""
 }

@@ -248,8 +248,9 @@ func (s *Server) authenticate(r *http.Request) (string, bool) {
 func (s *Server) fail(w http.ResponseWriter, d Dialect, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
+		// floe's own errors name sessions and store paths, which the harness must not see.
 		s.log().Error("request failed", "err", err)
-		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe: " + err.Error()}
+		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe failed to serve the call; its log says why"}
 	}
 	s.writeError(w, d, e)
 }
@@ -304,7 +305,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	stream := sink.stream
 	defer sink.Flush()
 	switch {
-	case errors.Is(err, errCallerGone) || ctx.Err() != nil:
+	case errors.Is(err, ErrCallerGone) || ctx.Err() != nil:
 		// Record what was generated: the tokens were sampled, but the harness never saw
 		// the whole answer, so they are not trained on.
 		if res != nil {
@@ -332,8 +333,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		if stream == nil {
 			s.fail(w, d, err)
 		} else {
+			s.log().Error("recording a streamed call", "err", err)
 			s.countError(d, ErrInternal)
-			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call: " + err.Error()})
+			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call; its log says why"})
 		}
 		return
 	}

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	// goccy/go-json encodes and decodes like encoding/json, two to three times faster;
@@ -9,15 +13,15 @@ import (
 	gojson "github.com/goccy/go-json"
 )
 
-// sseWriter writes Server-Sent Events to a caller, flushing each event as it is written so
+// SSEWriter writes Server-Sent Events to a caller, flushing each event as it is written so
 // that nothing is buffered between the model and the harness.
-type sseWriter struct {
+type SSEWriter struct {
 	w http.ResponseWriter
 	f http.Flusher
 }
 
-// newSSE sends the event-stream headers with status 200.
-func newSSE(w http.ResponseWriter) *sseWriter {
+// NewSSE sends the event-stream headers with status 200.
+func NewSSE(w http.ResponseWriter) *SSEWriter {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -25,28 +29,28 @@ func newSSE(w http.ResponseWriter) *sseWriter {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	f, _ := w.(http.Flusher)
-	s := &sseWriter{w: w, f: f}
+	s := &SSEWriter{w: w, f: f}
 	s.flush()
 	return s
 }
 
-func (s *sseWriter) flush() {
+func (s *SSEWriter) flush() {
 	if s.f != nil {
 		s.f.Flush()
 	}
 }
 
-// event writes "event: name" and "data: <json of v>"; an empty name writes data only.
-func (s *sseWriter) event(name string, v any) error {
+// Event writes "event: name" and "data: <json of v>"; an empty name writes data only.
+func (s *SSEWriter) Event(name string, v any) error {
 	b, err := gojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("sse event %q: %w", name, err)
 	}
-	return s.raw(name, string(b))
+	return s.Raw(name, string(b))
 }
 
-// raw writes an event whose data is given verbatim (e.g. "[DONE]").
-func (s *sseWriter) raw(name, data string) error {
+// Raw writes an event whose data is given verbatim (e.g. "[DONE]").
+func (s *SSEWriter) Raw(name, data string) error {
 	var err error
 	if name != "" {
 		_, err = fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", name, data)
@@ -60,8 +64,8 @@ func (s *sseWriter) raw(name, data string) error {
 	return nil
 }
 
-// writeJSON writes v as a JSON response with status.
-func writeJSON(w http.ResponseWriter, status int, v any) error {
+// WriteJSON writes v as a JSON response with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	b, err := gojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding response: %w", err)
@@ -70,4 +74,70 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	w.WriteHeader(status)
 	_, err = w.Write(b)
 	return err
+}
+
+// ErrCallerGone is what an Engine's Stream returns when the sink refused a delta: the
+// caller went away, and the call is recorded as aborted.
+var ErrCallerGone = errors.New("the caller went away")
+
+// maxSSELine bounds one line of an upstream stream.
+const maxSSELine = 64 << 20
+
+// ReadSSE calls onData with the data of each event of an SSE stream until the stream
+// ends or onData returns an error. Multi-line data fields are joined with newlines. idle,
+// when not nil, is called whenever the bytes read so far are used up, before blocking for
+// more.
+func ReadSSE(r io.Reader, idle func(), onData func([]byte) error) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var data, long []byte
+	have := false
+	for {
+		if idle != nil && br.Buffered() == 0 {
+			idle()
+		}
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long[:0], line...)
+			for errors.Is(err, bufio.ErrBufferFull) && len(long) <= maxSSELine {
+				line, err = br.ReadSlice('\n')
+				long = append(long, line...)
+			}
+			if len(long) > maxSSELine {
+				return fmt.Errorf("an SSE line is longer than %d bytes", maxSSELine)
+			}
+			line = long
+		}
+		if err != nil && !(errors.Is(err, io.EOF) && len(line) > 0) {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			if have {
+				if err := onData(data); err != nil {
+					return err
+				}
+				data, have = data[:0], false
+			}
+			continue
+		}
+		if rest, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			rest = bytes.TrimPrefix(rest, []byte(" "))
+			if have {
+				data = append(data, '\n')
+			}
+			data = append(data, rest...)
+			have = true
+		}
+		// event:, id:, retry: and comments carry nothing the proxy needs.
+		if err != nil { // a last line without newline
+			break
+		}
+	}
+	if have {
+		return onData(data)
+	}
+	return nil
 }

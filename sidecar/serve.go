@@ -18,6 +18,7 @@ import (
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
@@ -126,7 +127,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if cfg.Engine == "" {
 		cfg.Engine = "vllm"
 	}
-	engine, err := proxy.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
+	engine, err := providers.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
 	if err != nil {
 		return err
 	}
@@ -181,7 +182,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		default:
 		}
 	}
-	px := &proxy.Server{Dialects: proxy.DefaultDialects(), Engine: engine,
+	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/openai"
+	"github.com/floe-rl/floe/proxy/vllm"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
 )
@@ -132,7 +134,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	defer up.Close()
 	store := &mem.Store{}
 	store.AddSession("bench", "bench")
-	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: proxy.OpenAIChat{}}, Engine: &proxy.VLLM{BaseURL: up.URL, Model: "m"},
+	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: discard{}, Gate: &proxy.Gate{}, Log: slog.New(slog.DiscardHandler)})
 	defer px.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opt.Concurrency + 8}}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/jsonl"
@@ -41,7 +42,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	eng, err := proxy.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
+	eng, err := providers.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
 	if err != nil {
 		return fmt.Errorf("-engine: %w", err)
 	}
@@ -65,7 +66,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	gate := &proxy.Gate{}
 	srv := &proxy.Server{
-		Dialects: proxy.DefaultDialects(), Engine: eng,
+		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
 	}
 	lis, err := net.Listen("tcp", cfg.ProxyAddr)

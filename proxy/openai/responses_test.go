@@ -1,4 +1,4 @@
-package proxy
+package openai
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/floe-rl/floe/proxy"
 )
 
 // ---------------------------------------------------------------------------------------
@@ -19,7 +21,7 @@ func respFloeEnc(text string) string {
 	return "floe1." + base64.StdEncoding.EncodeToString([]byte(text))
 }
 
-func respDecode(t *testing.T, body string) *Request {
+func respDecode(t *testing.T, body string) *proxy.Request {
 	t.Helper()
 	req, err := Responses{}.Decode(httptest.NewRequest(http.MethodPost, "/v1/responses", nil), []byte(body))
 	if err != nil {
@@ -74,7 +76,7 @@ func respParseSSE(t *testing.T, body string) []respEvent {
 }
 
 // respRun feeds deltas through a stream and returns the raw SSE body.
-func respRun(t *testing.T, req *Request, deltas []Delta, end func(Stream) error) (*httptest.ResponseRecorder, []respEvent) {
+func respRun(t *testing.T, req *proxy.Request, deltas []proxy.Delta, end func(proxy.Stream) error) (*httptest.ResponseRecorder, []respEvent) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	s := Responses{}.NewStream(rec, req)
@@ -112,15 +114,15 @@ func respList(v any) []any {
 var responsesDecodeCases = []struct {
 	name string
 	body string
-	want []ChatMessage
+	want []proxy.ChatMessage
 	// check inspects the rest of the request when set.
-	check func(t *testing.T, r *Request)
+	check func(t *testing.T, r *proxy.Request)
 }{
 	{
 		name: "string input is one user message, instructions the system message before it",
 		body: `{"model":"gpt-5-codex","instructions":"You are Codex.","input":"hello"}`,
-		want: []ChatMessage{{Role: "system", Content: "You are Codex."}, {Role: "user", Content: "hello"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "system", Content: "You are Codex."}, {Role: "user", Content: "hello"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if r.Model != "gpt-5-codex" || r.Chat.Model != "gpt-5-codex" || r.Stream {
 				t.Errorf("model %q/%q stream %v", r.Model, r.Chat.Model, r.Stream)
 			}
@@ -136,7 +138,7 @@ var responsesDecodeCases = []struct {
 			{"type":"message","role":"system","content":"sys"},
 			{"type":"message","role":"user","content":[{"type":"input_text","text":"<env>"},{"type":"input_text","text":"fix it"}]},
 			{"role":"user","content":"easy message without type"}]}`,
-		want: []ChatMessage{
+		want: []proxy.ChatMessage{
 			{Role: "system", Content: "<permissions>\nsandbox"},
 			{Role: "system", Content: "sys"},
 			{Role: "user", Content: "<env>\nfix it"},
@@ -147,9 +149,9 @@ var responsesDecodeCases = []struct {
 		name: "a user image keeps the parts",
 		body: `{"model":"m","input":[{"type":"message","role":"user","content":[
 			{"type":"input_text","text":"what is this?"},{"type":"input_image","image_url":"data:image/png;base64,AAAA","detail":"auto"}]}]}`,
-		want: []ChatMessage{{Role: "user", Content: []ChatPart{
+		want: []proxy.ChatMessage{{Role: "user", Content: []proxy.ChatPart{
 			{Type: "text", Text: "what is this?"},
-			{Type: "image_url", ImageURL: &ChatImageURL{URL: "data:image/png;base64,AAAA"}},
+			{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: "data:image/png;base64,AAAA"}},
 		}}},
 	},
 	{
@@ -165,11 +167,11 @@ var responsesDecodeCases = []struct {
 			{"type":"reasoning","summary":[{"type":"summary_text","text":"Done."}],"encrypted_content":"` + respFloeEnc("Done.") + `"},
 			{"type":"message","role":"assistant","content":[{"type":"output_text","text":"x has hello"}]},
 			{"type":"message","role":"user","content":[{"type":"input_text","text":"thanks"}]}]}`,
-		want: []ChatMessage{
+		want: []proxy.ChatMessage{
 			{Role: "user", Content: "list and read"},
-			{Role: "assistant", Content: "Looking.", ReasoningContent: "I should look.", ToolCalls: []ChatToolCall{
-				{ID: "call_a", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["ls"]}`}},
-				{ID: "call_b", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","x"]}`}},
+			{Role: "assistant", Content: "Looking.", ReasoningContent: "I should look.", ToolCalls: []proxy.ChatToolCall{
+				{ID: "call_a", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["ls"]}`}},
+				{ID: "call_b", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","x"]}`}},
 			}},
 			{Role: "tool", Content: "x\ny", ToolCallID: "call_a"},
 			{Role: "tool", Content: "hello", ToolCallID: "call_b"},
@@ -184,10 +186,10 @@ var responsesDecodeCases = []struct {
 			{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"(summary)"}],
 			 "encrypted_content":"` + respFloeEnc("  exact\n\nreasoning, ünïcode \u2028 kept  ") + `"},
 			{"type":"function_call","id":"fc_1","call_id":"c1","name":"f","arguments":"{}","status":"completed"}]}`,
-		want: []ChatMessage{
+		want: []proxy.ChatMessage{
 			{Role: "user", Content: "q"},
-			{Role: "assistant", Content: "", ReasoningContent: "  exact\n\nreasoning, ünïcode \u2028 kept  ", ToolCalls: []ChatToolCall{
-				{ID: "c1", Type: "function", Function: ChatFunctionCall{Name: "f", Arguments: "{}"}},
+			{Role: "assistant", Content: "", ReasoningContent: "  exact\n\nreasoning, ünïcode \u2028 kept  ", ToolCalls: []proxy.ChatToolCall{
+				{ID: "c1", Type: "function", Function: proxy.ChatFunctionCall{Name: "f", Arguments: "{}"}},
 			}},
 		},
 	},
@@ -200,7 +202,7 @@ var responsesDecodeCases = []struct {
 			{"type":"message","role":"user","content":"q2"},
 			{"type":"reasoning","summary":[{"type":"summary_text","text":"short"}],"content":[{"type":"reasoning_text","text":"raw thoughts"}]},
 			{"type":"message","role":"assistant","content":[{"type":"output_text","text":"A2"}]}]}`,
-		want: []ChatMessage{
+		want: []proxy.ChatMessage{
 			{Role: "user", Content: "q1"},
 			{Role: "assistant", Content: "A1", ReasoningContent: "a\n\nb"},
 			{Role: "user", Content: "q2"},
@@ -212,7 +214,7 @@ var responsesDecodeCases = []struct {
 		body: `{"model":"m","input":[{"type":"message","role":"user","content":"q"},
 			{"type":"reasoning","summary":[],"encrypted_content":"` + respFloeEnc("hmm") + `"},
 			{"type":"message","role":"user","content":"and?"}]}`,
-		want: []ChatMessage{{Role: "user", Content: "q"}, {Role: "assistant", Content: "", ReasoningContent: "hmm"}, {Role: "user", Content: "and?"}},
+		want: []proxy.ChatMessage{{Role: "user", Content: "q"}, {Role: "assistant", Content: "", ReasoningContent: "hmm"}, {Role: "user", Content: "and?"}},
 	},
 	{
 		name: "items of other types are dropped, not forwarded",
@@ -226,7 +228,7 @@ var responsesDecodeCases = []struct {
 			{"type":"item_reference","id":"msg_old"},
 			{"type":"compaction","encrypted_content":"zzz"},
 			{"type":"message","role":"assistant","content":[{"type":"output_text","text":"found"}]}]}`,
-		want: []ChatMessage{{Role: "user", Content: "search"}, {Role: "assistant", Content: "found"}},
+		want: []proxy.ChatMessage{{Role: "user", Content: "search"}, {Role: "assistant", Content: "found"}},
 	},
 	{
 		name: "function_call_output given as parts becomes the text parts joined",
@@ -235,10 +237,10 @@ var responsesDecodeCases = []struct {
 			{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"line 1"},{"type":"input_image","image_url":"data:image/png;base64,AA"},{"type":"input_text","text":"line 2"}]},
 			{"type":"function_call","call_id":"d","name":"old","arguments":"{}"},
 			{"type":"function_call_output","call_id":"d","output":{"content":"failed","success":false}}]}`,
-		want: []ChatMessage{
-			{Role: "assistant", Content: "", ToolCalls: []ChatToolCall{{ID: "c", Type: "function", Function: ChatFunctionCall{Name: "mcp__read", Arguments: "{}"}}}},
+		want: []proxy.ChatMessage{
+			{Role: "assistant", Content: "", ToolCalls: []proxy.ChatToolCall{{ID: "c", Type: "function", Function: proxy.ChatFunctionCall{Name: "mcp__read", Arguments: "{}"}}}},
 			{Role: "tool", Content: "line 1\nline 2", ToolCallID: "c"},
-			{Role: "assistant", Content: "", ToolCalls: []ChatToolCall{{ID: "d", Type: "function", Function: ChatFunctionCall{Name: "old", Arguments: "{}"}}}},
+			{Role: "assistant", Content: "", ToolCalls: []proxy.ChatToolCall{{ID: "d", Type: "function", Function: proxy.ChatFunctionCall{Name: "old", Arguments: "{}"}}}},
 			{Role: "tool", Content: "failed", ToolCallID: "d"},
 		},
 	},
@@ -254,12 +256,12 @@ var responsesDecodeCases = []struct {
 			"max_output_tokens":512,"temperature":0.6,"top_p":0.95,"stream":true,
 			"store":false,"include":["reasoning.encrypted_content"],"prompt_cache_key":"k","metadata":{"a":"b"},"service_tier":"auto",
 			"text":{"format":{"type":"text"},"verbosity":"low"},"truncation":"auto","user":"u"}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
-			want := []ChatTool{
-				{Type: "function", Function: ChatFunction{Name: "shell", Description: "Runs a command",
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
+			want := []proxy.ChatTool{
+				{Type: "function", Function: proxy.ChatFunction{Name: "shell", Description: "Runs a command",
 					Parameters: json.RawMessage(`{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}`)}},
-				{Type: "function", Function: ChatFunction{Name: "noargs"}},
+				{Type: "function", Function: proxy.ChatFunction{Name: "noargs"}},
 			}
 			if !reflect.DeepEqual(r.Chat.Tools, want) {
 				t.Errorf("tools = %s", respJSON(t, r.Chat.Tools))
@@ -279,8 +281,8 @@ var responsesDecodeCases = []struct {
 	{
 		name: "reasoning effort minimal turns thinking off",
 		body: `{"model":"m","input":"hi","reasoning":{"effort":"minimal","summary":"auto"}}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if !reflect.DeepEqual(r.Chat.ChatTemplateKwargs, map[string]any{"enable_thinking": false}) {
 				t.Errorf("kwargs %v", r.Chat.ChatTemplateKwargs)
 			}
@@ -289,8 +291,8 @@ var responsesDecodeCases = []struct {
 	{
 		name: "reasoning effort none turns thinking off",
 		body: `{"model":"m","input":"hi","reasoning":{"effort":"none"}}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if !reflect.DeepEqual(r.Chat.ChatTemplateKwargs, map[string]any{"enable_thinking": false}) {
 				t.Errorf("kwargs %v", r.Chat.ChatTemplateKwargs)
 			}
@@ -299,8 +301,8 @@ var responsesDecodeCases = []struct {
 	{
 		name: "reasoning effort high turns thinking on",
 		body: `{"model":"m","input":"hi","reasoning":{"effort":"high","summary":"detailed"}}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if !reflect.DeepEqual(r.Chat.ChatTemplateKwargs, map[string]any{"enable_thinking": true}) {
 				t.Errorf("kwargs %v", r.Chat.ChatTemplateKwargs)
 			}
@@ -309,8 +311,8 @@ var responsesDecodeCases = []struct {
 	{
 		name: "reasoning without an effort leaves the template alone",
 		body: `{"model":"m","input":"hi","reasoning":{"summary":"auto"}}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if r.Chat.ChatTemplateKwargs != nil {
 				t.Errorf("kwargs %v", r.Chat.ChatTemplateKwargs)
 			}
@@ -319,8 +321,8 @@ var responsesDecodeCases = []struct {
 	{
 		name: "tool_choice without forwarded tools is not forwarded (vLLM refuses it)",
 		body: `{"model":"m","input":"hi","tools":[{"type":"web_search"}],"tool_choice":"required","parallel_tool_calls":true}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
 			if r.Chat.Tools != nil || r.Chat.ToolChoice != nil || r.Chat.ParallelToolCalls != nil {
 				t.Errorf("forwarded %s", respJSON(t, r.Chat))
 			}
@@ -329,9 +331,9 @@ var responsesDecodeCases = []struct {
 	{
 		name: "a function tool in Chat's nested shape is accepted too",
 		body: `{"model":"m","input":"hi","tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}]}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
-		check: func(t *testing.T, r *Request) {
-			want := []ChatTool{{Type: "function", Function: ChatFunction{Name: "f", Description: "d", Parameters: json.RawMessage(`{"type":"object"}`)}}}
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
+		check: func(t *testing.T, r *proxy.Request) {
+			want := []proxy.ChatTool{{Type: "function", Function: proxy.ChatFunction{Name: "f", Description: "d", Parameters: json.RawMessage(`{"type":"object"}`)}}}
 			if !reflect.DeepEqual(r.Chat.Tools, want) {
 				t.Errorf("tools = %s", respJSON(t, r.Chat.Tools))
 			}
@@ -340,7 +342,7 @@ var responsesDecodeCases = []struct {
 	{
 		name: "nulls are absent",
 		body: `{"model":"m","input":"hi","instructions":null,"tools":null,"tool_choice":null,"reasoning":null,"temperature":null,"previous_response_id":null,"stream":null}`,
-		want: []ChatMessage{{Role: "user", Content: "hi"}},
+		want: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
 	},
 }
 
@@ -386,50 +388,50 @@ var responsesDecodeErrors = []struct {
 	name, body, want string
 }{
 	{"malformed JSON", `{"model":"m","input":`, "malformed JSON"},
-	{"not an object", `["model"]`, "JSON object"},
-	{"empty body", ``, "JSON object"},
-	{"missing model", `{"input":"hi"}`, "model is required"},
-	{"empty model", `{"model":"","input":"hi"}`, "model is required"},
-	{"model of the wrong type", `{"model":7,"input":"hi"}`, "model must be a string"},
-	{"missing input", `{"model":"m"}`, "input is required"},
-	{"input of the wrong type", `{"model":"m","input":42}`, "input must be a string or an array"},
-	{"no messages", `{"model":"m","input":[]}`, "input has no messages"},
-	{"item not an object", `{"model":"m","input":["hi"]}`, "input[0] must be an object"},
-	{"item without type or role", `{"model":"m","input":[{"content":"x"}]}`, "input[0].type is required"},
-	{"unknown role", `{"model":"m","input":[{"type":"message","role":"tool","content":"x"}]}`, "input[0].role must be"},
-	{"message without content", `{"model":"m","input":[{"type":"message","role":"user"}]}`, "input[0].content is required"},
-	{"content of the wrong type", `{"model":"m","input":[{"type":"message","role":"user","content":5}]}`, "input[0].content must be"},
-	{"text of the wrong type", `{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":1}]}]}`, "input[0].content[0].text must be a string"},
-	{"image without url", `{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_image","file_id":"f"}]}]}`, "input[0].content[0].image_url is required"},
-	{"function_call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}"}]}`, "input[0].call_id is required"},
-	{"function_call without name", `{"model":"m","input":[{"type":"function_call","call_id":"c","arguments":"{}"}]}`, "input[0].name is required"},
-	{"output without call_id", `{"model":"m","input":"x","tools":[],"x":1,"input":[{"type":"function_call_output","output":"o"}]}`, "input[0].call_id is required"},
-	{"reasoning summary of the wrong type", `{"model":"m","input":[{"type":"reasoning","summary":"s"}]}`, "input[0].summary must be an array"},
-	{"instructions of the wrong type", `{"model":"m","input":"x","instructions":["a"]}`, "instructions must be a string"},
-	{"tools not an array", `{"model":"m","input":"x","tools":{"type":"function"}}`, "tools must be an array"},
-	{"function tool without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, "tools[0].name is required"},
-	{"tool without a type", `{"model":"m","input":"x","tools":[{"name":"f"}]}`, "tools[0].type is required"},
-	{"parameters not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":"{}"}]}`, "tools[0].parameters must be an object"},
-	{"unknown tool_choice", `{"model":"m","input":"x","tool_choice":"sometimes"}`, "tool_choice must be"},
-	{"named tool_choice without a name", `{"model":"m","input":"x","tool_choice":{"type":"function"}}`, "tool_choice.name is required"},
-	{"max_output_tokens of the wrong type", `{"model":"m","input":"x","max_output_tokens":"ten"}`, "max_output_tokens must be an integer"},
-	{"max_output_tokens zero", `{"model":"m","input":"x","max_output_tokens":0}`, "max_output_tokens must be at least 1"},
-	{"temperature of the wrong type", `{"model":"m","input":"x","temperature":"hot"}`, "temperature must be a number"},
-	{"reasoning effort of the wrong type", `{"model":"m","input":"x","reasoning":{"effort":1}}`, "reasoning.effort must be a string"},
-	{"stream of the wrong type", `{"model":"m","input":"x","stream":"yes"}`, "stream must be a boolean"},
-	{"parallel_tool_calls of the wrong type", `{"model":"m","input":"x","parallel_tool_calls":1}`, "parallel_tool_calls must be a boolean"},
-	{"previous_response_id", `{"model":"m","input":"x","previous_response_id":"resp_1"}`, "previous_response_id is not supported"},
+	{"not an object", `["model"]`, "request body: want object, got array"},
+	{"empty body", ``, "request body: want object, got nothing"},
+	{"missing model", `{"input":"hi"}`, "model: required"},
+	{"empty model", `{"model":"","input":"hi"}`, "model: must not be empty"},
+	{"model of the wrong type", `{"model":7,"input":"hi"}`, "model: want string, got number"},
+	{"missing input", `{"model":"m"}`, "input: required"},
+	{"input of the wrong type", `{"model":"m","input":42}`, "input: want string or array of items, got number"},
+	{"no messages", `{"model":"m","input":[]}`, "input: has no messages"},
+	{"item not an object", `{"model":"m","input":["hi"]}`, "input[0]: want object, got string"},
+	{"item without type or role", `{"model":"m","input":[{"content":"x"}]}`, "input[0].type: required"},
+	{"unknown role", `{"model":"m","input":[{"type":"message","role":"tool","content":"x"}]}`, "input[0].role: must be user, assistant, system or developer"},
+	{"message without content", `{"model":"m","input":[{"type":"message","role":"user"}]}`, "input[0].content: required"},
+	{"content of the wrong type", `{"model":"m","input":[{"type":"message","role":"user","content":5}]}`, "input[0].content: want string or array of content parts, got number"},
+	{"text of the wrong type", `{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":1}]}]}`, "input[0].content[0].text: want string, got number"},
+	{"image without url", `{"model":"m","input":[{"type":"message","role":"user","content":[{"type":"input_image","file_id":"f"}]}]}`, "input[0].content[0].image_url: required (file_id is not supported)"},
+	{"function_call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f","arguments":"{}"}]}`, "input[0].call_id: required"},
+	{"function_call without name", `{"model":"m","input":[{"type":"function_call","call_id":"c","arguments":"{}"}]}`, "input[0].name: required"},
+	{"output without call_id", `{"model":"m","input":"x","tools":[],"x":1,"input":[{"type":"function_call_output","output":"o"}]}`, "input[0].call_id: required"},
+	{"reasoning summary of the wrong type", `{"model":"m","input":[{"type":"reasoning","summary":"s"}]}`, "input[0].summary: want array, got string"},
+	{"instructions of the wrong type", `{"model":"m","input":"x","instructions":["a"]}`, "instructions: want string, got array"},
+	{"tools not an array", `{"model":"m","input":"x","tools":{"type":"function"}}`, "tools: want array, got object"},
+	{"function tool without a name", `{"model":"m","input":"x","tools":[{"type":"function","parameters":{}}]}`, "tools[0].name: required"},
+	{"tool without a type", `{"model":"m","input":"x","tools":[{"name":"f"}]}`, "tools[0].type: required"},
+	{"parameters not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":"{}"}]}`, "tools[0].parameters: want object, got string"},
+	{"unknown tool_choice", `{"model":"m","input":"x","tool_choice":"sometimes"}`, "tool_choice: must be auto, none, required or an object"},
+	{"named tool_choice without a name", `{"model":"m","input":"x","tool_choice":{"type":"function"}}`, "tool_choice.name: required"},
+	{"max_output_tokens of the wrong type", `{"model":"m","input":"x","max_output_tokens":"ten"}`, "max_output_tokens: want number, got string"},
+	{"max_output_tokens zero", `{"model":"m","input":"x","max_output_tokens":0}`, "max_output_tokens: must be at least 1"},
+	{"temperature of the wrong type", `{"model":"m","input":"x","temperature":"hot"}`, "temperature: want number, got string"},
+	{"reasoning effort of the wrong type", `{"model":"m","input":"x","reasoning":{"effort":1}}`, "reasoning.effort: want string, got number"},
+	{"stream of the wrong type", `{"model":"m","input":"x","stream":"yes"}`, "stream: want boolean, got string"},
+	{"parallel_tool_calls of the wrong type", `{"model":"m","input":"x","parallel_tool_calls":1}`, "parallel_tool_calls: want boolean, got number"},
+	{"previous_response_id", `{"model":"m","input":"x","previous_response_id":"resp_1"}`, "previous_response_id: not supported"},
 }
 
 func TestResponsesDecodeErrors(t *testing.T) {
 	for _, tc := range responsesDecodeErrors {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Responses{}.Decode(nil, []byte(tc.body))
-			var e *Error
+			var e *proxy.Error
 			if !errors.As(err, &e) {
 				t.Fatalf("err = %v, want *Error", err)
 			}
-			if e.Status != http.StatusBadRequest || e.Kind != ErrInvalidRequest || !strings.Contains(e.Message, tc.want) {
+			if e.Status != http.StatusBadRequest || e.Kind != proxy.ErrInvalidRequest || !strings.Contains(e.Message, tc.want) {
 				t.Errorf("got %d %s %q, want 400 invalid_request containing %q", e.Status, e.Kind, e.Message, tc.want)
 			}
 		})
@@ -439,7 +441,7 @@ func TestResponsesDecodeErrors(t *testing.T) {
 // ---------------------------------------------------------------------------------------
 // WriteResponse
 
-func respWrite(t *testing.T, req *Request, res *Response) map[string]any {
+func respWrite(t *testing.T, req *proxy.Request, res *proxy.Response) map[string]any {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	if err := (Responses{}).WriteResponse(rec, req, res); err != nil {
@@ -497,13 +499,13 @@ func respTypes(output []any) []string {
 
 func TestResponsesWriteResponse(t *testing.T) {
 	req := respDecode(t, `{"model":"gpt-5-codex","instructions":"be good","input":"hi","store":false,"tools":[{"type":"function","name":"shell"}],"temperature":0.5}`)
-	calls := []ChatToolCall{
-		{ID: "call_1", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["ls"]}`}},
-		{ID: "call_2", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["pwd"]}`}},
+	calls := []proxy.ChatToolCall{
+		{ID: "call_1", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["ls"]}`}},
+		{ID: "call_2", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["pwd"]}`}},
 	}
 	for _, tc := range []struct {
 		name      string
-		msg       ChatMessage
+		msg       proxy.ChatMessage
 		finish    string
 		status    string
 		types     []string
@@ -511,7 +513,7 @@ func TestResponsesWriteResponse(t *testing.T) {
 		check     func(t *testing.T, output []any)
 	}{
 		{
-			name: "text", msg: ChatMessage{Role: "assistant", Content: "Hello!"}, finish: FinishStop,
+			name: "text", msg: proxy.ChatMessage{Role: "assistant", Content: "Hello!"}, finish: proxy.FinishStop,
 			status: "completed", types: []string{"message"},
 			check: func(t *testing.T, out []any) {
 				m := respMap(out[0])
@@ -523,7 +525,7 @@ func TestResponsesWriteResponse(t *testing.T) {
 			},
 		},
 		{
-			name: "reasoning and text", msg: ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "Let me think.\n6*7"}, finish: FinishStop,
+			name: "reasoning and text", msg: proxy.ChatMessage{Role: "assistant", Content: "42", ReasoningContent: "Let me think.\n6*7"}, finish: proxy.FinishStop,
 			status: "completed", types: []string{"reasoning", "message"},
 			check: func(t *testing.T, out []any) {
 				r := respMap(out[0])
@@ -536,7 +538,7 @@ func TestResponsesWriteResponse(t *testing.T) {
 			},
 		},
 		{
-			name: "parallel function calls", msg: ChatMessage{Role: "assistant", Content: "", ToolCalls: calls}, finish: FinishToolCalls,
+			name: "parallel function calls", msg: proxy.ChatMessage{Role: "assistant", Content: "", ToolCalls: calls}, finish: proxy.FinishToolCalls,
 			status: "completed", types: []string{"function_call", "function_call"},
 			check: func(t *testing.T, out []any) {
 				for i, it := range out {
@@ -549,7 +551,7 @@ func TestResponsesWriteResponse(t *testing.T) {
 			},
 		},
 		{
-			name: "length cuts the answer: incomplete", msg: ChatMessage{Role: "assistant", Content: "The answer is", ReasoningContent: "r"}, finish: FinishLength,
+			name: "length cuts the answer: incomplete", msg: proxy.ChatMessage{Role: "assistant", Content: "The answer is", ReasoningContent: "r"}, finish: proxy.FinishLength,
 			status: "incomplete", types: []string{"reasoning", "message"}, incomplet: "max_output_tokens",
 			check: func(t *testing.T, out []any) {
 				if respMap(out[1])["status"] != "incomplete" {
@@ -559,8 +561,8 @@ func TestResponsesWriteResponse(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			obj := respWrite(t, req, &Response{ID: "chatcmpl-1", Choices: []Choice{{Message: tc.msg, FinishReason: tc.finish}},
-				Usage: Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}})
+			obj := respWrite(t, req, &proxy.Response{ID: "chatcmpl-1", Choices: []proxy.Choice{{Message: tc.msg, FinishReason: tc.finish}},
+				Usage: proxy.Usage{PromptTokens: 10, CompletionTokens: 5, TotalTokens: 15}})
 			respCheckObject(t, obj, tc.status)
 			if obj["model"] != "gpt-5-codex" || obj["instructions"] != "be good" || obj["temperature"] != 0.5 || obj["store"] != false {
 				t.Errorf("echo: model %v instructions %v temperature %v store %v", obj["model"], obj["instructions"], obj["temperature"], obj["store"])
@@ -592,7 +594,7 @@ func TestResponsesStream(t *testing.T) {
 	req := respDecode(t, `{"model":"gpt-5-codex","input":"hi","stream":true}`)
 	for _, tc := range []struct {
 		name   string
-		deltas []Delta
+		deltas []proxy.Delta
 		finish string
 		events []string
 		// final texts by output item: reasoning/message text or call arguments
@@ -600,8 +602,8 @@ func TestResponsesStream(t *testing.T) {
 	}{
 		{
 			name:   "text",
-			deltas: []Delta{{Content: "Hel"}, {Content: "lo"}, {Content: "!"}},
-			finish: FinishStop,
+			deltas: []proxy.Delta{{Content: "Hel"}, {Content: "lo"}, {Content: "!"}},
+			finish: proxy.FinishStop,
 			events: []string{"response.created", "response.in_progress",
 				"response.output_item.added", "response.content_part.added",
 				"response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
@@ -611,8 +613,8 @@ func TestResponsesStream(t *testing.T) {
 		},
 		{
 			name:   "reasoning then text",
-			deltas: []Delta{{Reasoning: "Think"}, {Reasoning: "ing."}, {Reasoning: " ok", Content: "Ans"}, {Content: "wer"}},
-			finish: FinishStop,
+			deltas: []proxy.Delta{{Reasoning: "Think"}, {Reasoning: "ing."}, {Reasoning: " ok", Content: "Ans"}, {Content: "wer"}},
+			finish: proxy.FinishStop,
 			events: []string{"response.created", "response.in_progress",
 				"response.output_item.added", "response.reasoning_summary_part.added",
 				"response.reasoning_summary_text.delta", "response.reasoning_summary_text.delta", "response.reasoning_summary_text.delta",
@@ -625,15 +627,15 @@ func TestResponsesStream(t *testing.T) {
 		},
 		{
 			name: "reasoning, text and parallel tool calls",
-			deltas: []Delta{
+			deltas: []proxy.Delta{
 				{Reasoning: "need ls and pwd"},
 				{Content: "Running."},
-				{ToolCalls: []ToolCallDelta{{Index: 0, ID: "call_a", Name: "shell", Arguments: ""}}},
-				{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `{"command":`}}},
-				{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `["ls"]}`}}},
-				{ToolCalls: []ToolCallDelta{{Index: 1, ID: "call_b", Name: "shell", Arguments: `{"command":["pwd"]}`}}},
+				{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "call_a", Name: "shell", Arguments: ""}}},
+				{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: `{"command":`}}},
+				{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: `["ls"]}`}}},
+				{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "call_b", Name: "shell", Arguments: `{"command":["pwd"]}`}}},
 			},
-			finish: FinishToolCalls,
+			finish: proxy.FinishToolCalls,
 			events: []string{"response.created", "response.in_progress",
 				"response.output_item.added", "response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
 				"response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "response.output_item.done",
@@ -648,8 +650,8 @@ func TestResponsesStream(t *testing.T) {
 		},
 		{
 			name:   "length: response.incomplete",
-			deltas: []Delta{{Content: "The answer is"}},
-			finish: FinishLength,
+			deltas: []proxy.Delta{{Content: "The answer is"}},
+			finish: proxy.FinishLength,
 			events: []string{"response.created", "response.in_progress",
 				"response.output_item.added", "response.content_part.added", "response.output_text.delta",
 				"response.output_text.done", "response.content_part.done", "response.output_item.done",
@@ -658,13 +660,13 @@ func TestResponsesStream(t *testing.T) {
 		},
 		{
 			name:   "nothing at all",
-			finish: FinishStop,
+			finish: proxy.FinishStop,
 			events: []string{"response.created", "response.in_progress", "response.completed"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec, evs := respRun(t, req, tc.deltas, func(s Stream) error {
-				return s.End(tc.finish, Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10})
+			rec, evs := respRun(t, req, tc.deltas, func(s proxy.Stream) error {
+				return s.End(tc.finish, proxy.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10})
 			})
 			if ct := rec.Header().Get("Content-Type"); ct != "text/event-stream" {
 				t.Errorf("content type %q", ct)
@@ -694,7 +696,7 @@ func TestResponsesStream(t *testing.T) {
 			}
 			final := respMap(evs[len(evs)-1].data["response"])
 			status := "completed"
-			if tc.finish == FinishLength {
+			if tc.finish == proxy.FinishLength {
 				status = "incomplete"
 				if respMap(final["incomplete_details"])["reason"] != "max_output_tokens" {
 					t.Errorf("incomplete_details %v", final["incomplete_details"])
@@ -822,17 +824,17 @@ func respCheckStream(t *testing.T, evs []respEvent, texts []string) {
 func TestResponsesStreamFail(t *testing.T) {
 	req := respDecode(t, `{"model":"m","input":"hi","stream":true}`)
 	for _, tc := range []struct {
-		err      *Error
+		err      *proxy.Error
 		code     string
 		contains string
 	}{
-		{&Error{Status: 400, Kind: ErrContextLength, Message: "too long", PromptTokens: 40000, MaxTokens: 32768},
+		{&proxy.Error{Status: 400, Kind: proxy.ErrContextLength, Message: "too long", PromptTokens: 40000, MaxTokens: 32768},
 			"context_length_exceeded", "Your input exceeds the context window of this model. Please adjust your input and try again."},
-		{&Error{Status: 503, Kind: ErrUpstreamUnavailable, Message: "engine down"}, "server_error", "engine down"},
-		{&Error{Status: 529, Kind: ErrOverloaded, Message: "busy"}, "server_is_overloaded", "busy"},
+		{&proxy.Error{Status: 503, Kind: proxy.ErrUpstreamUnavailable, Message: "engine down"}, "server_error", "engine down"},
+		{&proxy.Error{Status: 529, Kind: proxy.ErrOverloaded, Message: "busy"}, "server_is_overloaded", "busy"},
 	} {
 		t.Run(string(tc.err.Kind), func(t *testing.T) {
-			_, evs := respRun(t, req, []Delta{{Content: "par"}}, func(s Stream) error { return s.Fail(tc.err) })
+			_, evs := respRun(t, req, []proxy.Delta{{Content: "par"}}, func(s proxy.Stream) error { return s.Fail(tc.err) })
 			last := evs[len(evs)-1]
 			if last.name != "response.failed" {
 				t.Fatalf("last event %q", last.name)
@@ -853,13 +855,13 @@ func TestResponsesStreamFail(t *testing.T) {
 
 func TestResponsesStreamToolCallFragments(t *testing.T) {
 	req := respDecode(t, `{"model":"m","input":"hi"}`)
-	_, evs := respRun(t, req, []Delta{
-		{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: `{"a":`}}}, // no id, no name yet
-		{ToolCalls: []ToolCallDelta{{Index: 0, Name: "f", Arguments: `1}`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 1, ID: "call_b", Name: "g", Arguments: `{"b":`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 0, Arguments: ` `}}}, // late: call 0 is already done
-		{ToolCalls: []ToolCallDelta{{Index: 1, Arguments: `2}`}}},
-	}, func(s Stream) error { return s.End(FinishToolCalls, Usage{}) })
+	_, evs := respRun(t, req, []proxy.Delta{
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: `{"a":`}}}, // no id, no name yet
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Name: "f", Arguments: `1}`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "call_b", Name: "g", Arguments: `{"b":`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: ` `}}}, // late: call 0 is already done
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, Arguments: `2}`}}},
+	}, func(s proxy.Stream) error { return s.End(proxy.FinishToolCalls, proxy.Usage{}) })
 	out := respList(respMap(evs[len(evs)-1].data["response"])["output"])
 	if len(out) != 2 {
 		t.Fatalf("output %v", out)
@@ -875,13 +877,13 @@ func TestResponsesStreamToolCallFragments(t *testing.T) {
 
 func TestResponsesWritersWithoutDecodedState(t *testing.T) {
 	// A request the core built itself (no dialect state) still gets a complete object.
-	req := &Request{Model: "m"}
-	obj := respWrite(t, req, &Response{Choices: []Choice{{Message: ChatMessage{Role: "assistant", Content: "x"}, FinishReason: FinishFilter}}})
+	req := &proxy.Request{Model: "m"}
+	obj := respWrite(t, req, &proxy.Response{Choices: []proxy.Choice{{Message: proxy.ChatMessage{Role: "assistant", Content: "x"}, FinishReason: proxy.FinishFilter}}})
 	respCheckObject(t, obj, "incomplete")
 	if respMap(obj["incomplete_details"])["reason"] != "content_filter" || obj["tool_choice"] != "auto" || len(respList(obj["tools"])) != 0 {
 		t.Errorf("object %v", obj)
 	}
-	obj = respWrite(t, nil, &Response{})
+	obj = respWrite(t, nil, &proxy.Response{})
 	respCheckObject(t, obj, "completed")
 }
 
@@ -890,10 +892,10 @@ func TestResponsesStreamCallsOrder(t *testing.T) {
 	req := respDecode(t, `{"model":"m","input":"hi"}`)
 	rec := httptest.NewRecorder()
 	s := Responses{}.NewStream(rec, req)
-	if err := s.End(FinishStop, Usage{}); err != nil {
+	if err := s.End(proxy.FinishStop, proxy.Usage{}); err != nil {
 		t.Fatal(err)
 	}
-	if s.Delta(Delta{Content: "x"}) == nil || s.End(FinishStop, Usage{}) == nil || s.Fail(&Error{Kind: ErrInternal}) == nil {
+	if s.Delta(proxy.Delta{Content: "x"}) == nil || s.End(proxy.FinishStop, proxy.Usage{}) == nil || s.Fail(&proxy.Error{Kind: proxy.ErrInternal}) == nil {
 		t.Errorf("calls after End must fail")
 	}
 }
@@ -902,23 +904,23 @@ func TestResponsesStreamCallsOrder(t *testing.T) {
 // Round trip: what floe answers, fed back as the next request's input, is the same message.
 
 func TestResponsesRoundTrip(t *testing.T) {
-	msg := ChatMessage{
+	msg := proxy.ChatMessage{
 		Role: "assistant", Content: "I'll look at both.", ReasoningContent: "The user wants\n\n  both files.  ",
-		ToolCalls: []ChatToolCall{
-			{ID: "call_x1", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","a"]}`}},
-			{ID: "call_x2", Type: "function", Function: ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","b"]}`}},
+		ToolCalls: []proxy.ChatToolCall{
+			{ID: "call_x1", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","a"]}`}},
+			{ID: "call_x2", Type: "function", Function: proxy.ChatFunctionCall{Name: "shell", Arguments: `{"command":["cat","b"]}`}},
 		},
 	}
 	req := respDecode(t, `{"model":"m","input":"read a and b"}`)
 
-	nonStream := respList(respWrite(t, req, &Response{Choices: []Choice{{Message: msg, FinishReason: FinishToolCalls}}})["output"])
-	deltas := []Delta{{Reasoning: "The user wants\n\n"}, {Reasoning: "  both files.  "}, {Content: "I'll look"}, {Content: " at both."}}
+	nonStream := respList(respWrite(t, req, &proxy.Response{Choices: []proxy.Choice{{Message: msg, FinishReason: proxy.FinishToolCalls}}})["output"])
+	deltas := []proxy.Delta{{Reasoning: "The user wants\n\n"}, {Reasoning: "  both files.  "}, {Content: "I'll look"}, {Content: " at both."}}
 	for i, tc := range msg.ToolCalls {
-		deltas = append(deltas, Delta{ToolCalls: []ToolCallDelta{{Index: i, ID: tc.ID, Name: tc.Function.Name}}},
-			Delta{ToolCalls: []ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[:5]}}},
-			Delta{ToolCalls: []ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[5:]}}})
+		deltas = append(deltas, proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, ID: tc.ID, Name: tc.Function.Name}}},
+			proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[:5]}}},
+			proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[5:]}}})
 	}
-	_, evs := respRun(t, req, deltas, func(s Stream) error { return s.End(FinishToolCalls, Usage{}) })
+	_, evs := respRun(t, req, deltas, func(s proxy.Stream) error { return s.End(proxy.FinishToolCalls, proxy.Usage{}) })
 	streamed := respList(respMap(evs[len(evs)-1].data["response"])["output"])
 
 	// Codex keeps each output_item.done item and sends it back without id or status.
@@ -943,7 +945,7 @@ func TestResponsesRoundTrip(t *testing.T) {
 				input = append(input, map[string]any{"type": "function_call_output", "call_id": c.ID, "output": "contents of " + c.ID})
 			}
 			next := respDecode(t, respJSON(t, map[string]any{"model": "m", "store": false, "input": input}))
-			want := []ChatMessage{
+			want := []proxy.ChatMessage{
 				{Role: "user", Content: "read a and b"},
 				msg,
 				{Role: "tool", Content: "contents of call_x1", ToolCallID: "call_x1"},
@@ -961,21 +963,21 @@ func TestResponsesRoundTrip(t *testing.T) {
 
 func TestResponsesWriteError(t *testing.T) {
 	for _, tc := range []struct {
-		err    *Error
+		err    *proxy.Error
 		status int
 		typ    string
 		code   any
 		msg    string
 	}{
-		{&Error{Status: 400, Kind: ErrContextLength, Message: "upstream words", PromptTokens: 40000, MaxTokens: 32768}, 400, "invalid_request_error", "context_length_exceeded",
+		{&proxy.Error{Status: 400, Kind: proxy.ErrContextLength, Message: "upstream words", PromptTokens: 40000, MaxTokens: 32768}, 400, "invalid_request_error", "context_length_exceeded",
 			"Your input exceeds the context window of this model. Please adjust your input and try again. Your input is 40000 tokens; the context window is 32768 tokens."},
-		{&Error{Kind: ErrContextLength}, 400, "invalid_request_error", "context_length_exceeded",
+		{&proxy.Error{Kind: proxy.ErrContextLength}, 400, "invalid_request_error", "context_length_exceeded",
 			"Your input exceeds the context window of this model. Please adjust your input and try again."},
-		{&Error{Status: 400, Kind: ErrInvalidRequest, Message: "input is required"}, 400, "invalid_request_error", nil, "input is required"},
-		{&Error{Status: 401, Kind: ErrAuthentication, Message: "unknown key"}, 401, "invalid_request_error", "invalid_api_key", "unknown key"},
-		{&Error{Status: 404, Kind: ErrNotFound, Message: "no such path"}, 404, "invalid_request_error", nil, "no such path"},
-		{&Error{Status: 503, Kind: ErrUpstreamUnavailable, Message: "engine down"}, 503, "server_error", "server_error", "engine down"},
-		{&Error{Status: 500, Kind: ErrInternal, Message: "bug"}, 500, "server_error", "server_error", "bug"},
+		{&proxy.Error{Status: 400, Kind: proxy.ErrInvalidRequest, Message: "input: required"}, 400, "invalid_request_error", nil, "input: required"},
+		{&proxy.Error{Status: 401, Kind: proxy.ErrAuthentication, Message: "unknown key"}, 401, "invalid_request_error", "invalid_api_key", "unknown key"},
+		{&proxy.Error{Status: 404, Kind: proxy.ErrNotFound, Message: "no such path"}, 404, "invalid_request_error", nil, "no such path"},
+		{&proxy.Error{Status: 503, Kind: proxy.ErrUpstreamUnavailable, Message: "engine down"}, 503, "server_error", "server_error", "engine down"},
+		{&proxy.Error{Status: 500, Kind: proxy.ErrInternal, Message: "bug"}, 500, "server_error", "server_error", "bug"},
 	} {
 		t.Run(string(tc.err.Kind), func(t *testing.T) {
 			rec := httptest.NewRecorder()
@@ -1027,8 +1029,8 @@ func FuzzResponsesDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := Responses{}.Decode(nil, body)
 		if err != nil {
-			var e *Error
-			if !errors.As(err, &e) || e.Status != http.StatusBadRequest || e.Kind != ErrInvalidRequest || e.Message == "" {
+			var e *proxy.Error
+			if !errors.As(err, &e) || e.Status != http.StatusBadRequest || e.Kind != proxy.ErrInvalidRequest || e.Message == "" {
 				t.Fatalf("error %#v", err)
 			}
 			return
@@ -1040,9 +1042,9 @@ func FuzzResponsesDecode(f *testing.F) {
 			t.Fatalf("normalized request does not encode: %v", err)
 		}
 		// The writers cope with whatever was decoded.
-		Responses{}.WriteResponse(httptest.NewRecorder(), req, &Response{Choices: []Choice{{Message: ChatMessage{Role: "assistant", Content: "x"}, FinishReason: FinishStop}}})
+		Responses{}.WriteResponse(httptest.NewRecorder(), req, &proxy.Response{Choices: []proxy.Choice{{Message: proxy.ChatMessage{Role: "assistant", Content: "x"}, FinishReason: proxy.FinishStop}}})
 		s := Responses{}.NewStream(httptest.NewRecorder(), req)
-		s.Delta(Delta{Content: "x"})
-		s.End(FinishStop, Usage{})
+		s.Delta(proxy.Delta{Content: "x"})
+		s.End(proxy.FinishStop, proxy.Usage{})
 	})
 }

@@ -1,4 +1,4 @@
-package proxy
+package sglang
 
 import (
 	"context"
@@ -15,6 +15,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/anthropic"
+	"github.com/floe-rl/floe/proxy/internal/upstream"
+	"github.com/floe-rl/floe/proxy/openai"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -27,7 +31,7 @@ import (
 type fakeSGLang struct {
 	t       *testing.T
 	prompt  []int32
-	choices []sglAnswer
+	choices []fakeAnswer
 	idField string // "response_token_ids", "token_ids" or "" (an older server)
 	noMeta  bool   // a server without return_meta_info
 	status  int    // answer /v1/chat/completions with this error status and errBody instead
@@ -39,19 +43,19 @@ type fakeSGLang struct {
 	tokenize []map[string]any // /v1/tokenize bodies
 }
 
-// sglAnswer is one choice as the engine generated it.
-type sglAnswer struct {
+// fakeAnswer is one choice as the engine generated it.
+type fakeAnswer struct {
 	reasoning, content string
-	calls              []ChatToolCall
+	calls              []proxy.ChatToolCall
 	ids                []int32
 	logprobs           []float64
 	finish             string
 }
 
-func sglDefaultAnswer() sglAnswer {
-	return sglAnswer{
+func defaultAnswer() fakeAnswer {
+	return fakeAnswer{
 		reasoning: "think", content: "Hello",
-		calls:    []ChatToolCall{{ID: "call_0a1b", Type: "function", Function: ChatFunctionCall{Name: "read_file", Arguments: `{"path":"a.txt"}`}}},
+		calls:    []proxy.ChatToolCall{{ID: "call_0a1b", Type: "function", Function: proxy.ChatFunctionCall{Name: "read_file", Arguments: `{"path":"a.txt"}`}}},
 		ids:      []int32{10, 11, 12, 13, 14, 15, 16, 17, 18},
 		logprobs: []float64{-0.1, -0.2, -0.3, -0.4, -0.5, -0.6, -0.7, -0.8, 0},
 		finish:   "tool_calls",
@@ -59,7 +63,7 @@ func sglDefaultAnswer() sglAnswer {
 }
 
 func newFakeSGLang(t *testing.T, idField string) *fakeSGLang {
-	return &fakeSGLang{t: t, prompt: []int32{1, 2, 3}, choices: []sglAnswer{sglDefaultAnswer()}, idField: idField}
+	return &fakeSGLang{t: t, prompt: []int32{1, 2, 3}, choices: []fakeAnswer{defaultAnswer()}, idField: idField}
 }
 
 func (f *fakeSGLang) handler() http.Handler {
@@ -164,26 +168,26 @@ func (f *fakeSGLang) answer(req map[string]any) map[string]any {
 	return resp
 }
 
-// sglChoice returns choice i of an answer being mutated.
-func sglChoice(resp map[string]any, i int) map[string]any {
+// choiceOf returns choice i of an answer being mutated.
+func choiceOf(resp map[string]any, i int) map[string]any {
 	return resp["choices"].([]any)[i].(map[string]any)
 }
 
-type sglFixture struct {
+type fixture struct {
 	up    *fakeSGLang
 	store *mem.Store
-	srv   *Server
+	srv   *proxy.Server
 	url   string
 }
 
-func newSGLFixture(t *testing.T, up *fakeSGLang) *sglFixture {
+func newSGLFixture(t *testing.T, up *fakeSGLang) *fixture {
 	t.Helper()
 	upstream := httptest.NewServer(up.handler())
 	t.Cleanup(upstream.Close)
-	f := &sglFixture{up: up, store: &mem.Store{}}
+	f := &fixture{up: up, store: &mem.Store{}}
 	f.store.AddSession("key-1", "sess-1")
-	f.srv = &Server{
-		Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: &SGLang{BaseURL: upstream.URL},
+	f.srv = &proxy.Server{
+		Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: &Engine{BaseURL: upstream.URL},
 		Sessions: f.store, Recorder: f.store, Log: slog.New(slog.DiscardHandler),
 	}
 	ts := httptest.NewServer(f.srv)
@@ -192,7 +196,7 @@ func newSGLFixture(t *testing.T, up *fakeSGLang) *sglFixture {
 	return f
 }
 
-func (f *sglFixture) post(t *testing.T, path, body string) (int, string) {
+func (f *fixture) post(t *testing.T, path, body string) (int, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, f.url+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer key-1")
@@ -209,8 +213,8 @@ func (f *sglFixture) post(t *testing.T, path, body string) (int, string) {
 }
 
 const (
-	sglChatBody = `{"model":"claude-like","messages":[{"role":"user","content":"hi"}]%s}`
-	sglAnthBody = `{"model":"claude-like","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]%s}`
+	chatBody = `{"model":"claude-like","messages":[{"role":"user","content":"hi"}]%s}`
+	anthBody = `{"model":"claude-like","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]%s}`
 )
 
 // chatEvents summarizes a Chat Completions stream: each chunk's delta and finish reason,
@@ -230,7 +234,7 @@ func chatEvents(t *testing.T, body string) []string {
 				Delta        map[string]any `json:"delta"`
 				FinishReason *string        `json:"finish_reason"`
 			} `json:"choices"`
-			Usage *Usage `json:"usage"`
+			Usage *proxy.Usage `json:"usage"`
 		}
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
 			t.Fatalf("chunk %s: %v", data, err)
@@ -278,8 +282,8 @@ func TestSGLangStreamingCallerIsServedFromOneNonStreamingCall(t *testing.T) {
 		events                   func(*testing.T, string) []string
 		want                     []string
 	}{
-		{"openai chat", "/v1/chat/completions", fmt.Sprintf(sglChatBody, ""),
-			fmt.Sprintf(sglChatBody, `,"stream":true,"stream_options":{"include_usage":true}`), chatEvents, []string{
+		{"openai chat", "/v1/chat/completions", fmt.Sprintf(chatBody, ""),
+			fmt.Sprintf(chatBody, `,"stream":true,"stream_options":{"include_usage":true}`), chatEvents, []string{
 				`{"content":"","role":"assistant"}`,
 				`{"reasoning_content":"think"}`,
 				`{"content":"Hello"}`,
@@ -288,7 +292,7 @@ func TestSGLangStreamingCallerIsServedFromOneNonStreamingCall(t *testing.T) {
 				`usage={"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}`,
 				`[DONE]`,
 			}},
-		{"anthropic", "/v1/messages", fmt.Sprintf(sglAnthBody, 100, ""), fmt.Sprintf(sglAnthBody, 100, `,"stream":true`), anthEvents, []string{
+		{"anthropic", "/v1/messages", fmt.Sprintf(anthBody, 100, ""), fmt.Sprintf(anthBody, 100, `,"stream":true`), anthEvents, []string{
 			"message_start", "ping",
 			"content_block_start 0 thinking", "content_block_delta 0 thinking_delta", "content_block_delta 0 signature_delta", "content_block_stop 0",
 			"content_block_start 1 text", "content_block_delta 1 text_delta", "content_block_stop 1",
@@ -346,7 +350,7 @@ func TestSGLangStreamingCallerIsServedFromOneNonStreamingCall(t *testing.T) {
 				if !reflect.DeepEqual(a, b) {
 					t.Errorf("the streamed call is recorded differently:\n%+v\n%+v", a, b)
 				}
-				var msg ChatMessage
+				var msg proxy.ChatMessage
 				if err := json.Unmarshal(a.Response, &msg); err != nil || msg.ReasoningContent != "think" || msg.Content != "Hello" ||
 					len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Function.Arguments != `{"path":"a.txt"}` {
 					t.Errorf("recorded message %s (%v)", a.Response, err)
@@ -357,18 +361,18 @@ func TestSGLangStreamingCallerIsServedFromOneNonStreamingCall(t *testing.T) {
 }
 
 func TestSGLangSiblingChoices(t *testing.T) {
-	second := sglAnswer{content: "Hi there", ids: []int32{20, 21, 22}, logprobs: []float64{-1, -2, -3}, finish: "stop"}
+	second := fakeAnswer{content: "Hi there", ids: []int32{20, 21, 22}, logprobs: []float64{-1, -2, -3}, finish: "stop"}
 	tests := []struct {
 		name    string
 		mutate  func(map[string]any)
 		problem [2]string // the untrainable reason of each choice, "" for trainable
 	}{
 		{"both trainable", nil, [2]string{"", ""}},
-		{"a sibling with another prompt", func(r map[string]any) { sglChoice(r, 1)["prompt_token_ids"] = []int32{1, 2, 4} },
+		{"a sibling with another prompt", func(r map[string]any) { choiceOf(r, 1)["prompt_token_ids"] = []int32{1, 2, 4} },
 			[2]string{"", "prompt_token_ids of choice 1 differ from choice 0's"}},
 		{"a sibling without ids", func(r map[string]any) {
-			delete(sglChoice(r, 1), "response_token_ids")
-			delete(sglChoice(r, 1), "meta_info")
+			delete(choiceOf(r, 1), "response_token_ids")
+			delete(choiceOf(r, 1), "meta_info")
 		}, [2]string{"", "no token ids for the response"}},
 	}
 	for _, tt := range tests {
@@ -378,7 +382,7 @@ func TestSGLangSiblingChoices(t *testing.T) {
 				up.choices = append(up.choices, second)
 				up.mutate = tt.mutate
 				f := newSGLFixture(t, up)
-				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(sglChatBody, extra))
+				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(chatBody, extra))
 				if status != 200 || !strings.Contains(body, "Hello") {
 					t.Fatalf("answer %d %s", status, body)
 				}
@@ -414,18 +418,18 @@ func TestSGLangInconsistentTokenDataIsUntrainable(t *testing.T) {
 		mutate  func(map[string]any)
 		problem string
 	}{
-		{"no prompt ids", nil, func(r map[string]any) { delete(sglChoice(r, 0), "prompt_token_ids") }, "no prompt_token_ids"},
+		{"no prompt ids", nil, func(r map[string]any) { delete(choiceOf(r, 0), "prompt_token_ids") }, "no prompt_token_ids"},
 		{"no response ids anywhere", func(f *fakeSGLang) { f.idField, f.noMeta = "", true }, nil, "no token ids for the response"},
-		{"no logprobs", nil, func(r map[string]any) { sglChoice(r, 0)["logprobs"] = nil }, "no logprobs"},
+		{"no logprobs", nil, func(r map[string]any) { choiceOf(r, 0)["logprobs"] = nil }, "no logprobs"},
 		{"fewer logprobs than ids", nil, func(r map[string]any) {
-			lp := sglChoice(r, 0)["logprobs"].(map[string]any)
+			lp := choiceOf(r, 0)["logprobs"].(map[string]any)
 			lp["content"] = lp["content"].([]any)[:8]
 		}, "8 logprobs for 9 response token ids"},
 		{"a null logprob", nil, func(r map[string]any) {
-			sglChoice(r, 0)["logprobs"].(map[string]any)["content"].([]any)[2].(map[string]any)["logprob"] = nil
+			choiceOf(r, 0)["logprobs"].(map[string]any)["content"].([]any)[2].(map[string]any)["logprob"] = nil
 		}, "logprob of response token 2 is null"},
 		{"ids disagreeing with meta_info", nil, func(r map[string]any) {
-			sglChoice(r, 0)["response_token_ids"] = []int32{10, 11, 12, 13, 14, 15, 16, 17, 99}
+			choiceOf(r, 0)["response_token_ids"] = []int32{10, 11, 12, 13, 14, 15, 16, 17, 99}
 		}, "response_token_ids (9 ids) disagree with meta_info.output_token_logprobs"},
 		{"an aborted generation", func(f *fakeSGLang) { f.choices[0].finish = "abort" }, nil, "aborted the generation"},
 		{"a positive logprob", func(f *fakeSGLang) { f.choices[0].logprobs[3] = 0.5 }, nil, "logprob"},
@@ -439,7 +443,7 @@ func TestSGLangInconsistentTokenDataIsUntrainable(t *testing.T) {
 				}
 				up.mutate = tt.mutate
 				f := newSGLFixture(t, up)
-				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(sglChatBody, extra))
+				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(chatBody, extra))
 				if status != 200 || !strings.Contains(body, "Hello") || !strings.Contains(body, "read_file") {
 					t.Fatalf("the harness must still get its answer: %d %s", status, body)
 				}
@@ -464,25 +468,25 @@ func TestSGLangContextLengthErrors(t *testing.T) {
 	}{
 		{"input too long, chat", inputTooLong,
 			"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.",
-			5000, 4096, "/v1/chat/completions", sglChatBody,
+			5000, 4096, "/v1/chat/completions", chatBody,
 			"This model's maximum context length is 4096 tokens. However, your messages resulted in 5000 tokens."},
-		{"input too long, anthropic", inputTooLong, "", 5000, 4096, "/v1/messages", fmt.Sprintf(sglAnthBody, 100, "%s"),
+		{"input too long, anthropic", inputTooLong, "", 5000, 4096, "/v1/messages", fmt.Sprintf(anthBody, 100, "%s"),
 			"prompt is too long: 5000 tokens \u003e 4096 maximum"},
 		{"prompt and completion too long, chat", requested,
 			"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (1000 in the messages, 4000 in the completion). Please reduce the length of the messages or completion.",
-			1000, 4096, "/v1/chat/completions", sglChatBody,
+			1000, 4096, "/v1/chat/completions", chatBody,
 			"This model's maximum context length is 4096 tokens. However, your messages resulted in 1000 tokens."},
-		{"prompt and completion too long, anthropic", requested, "", 1000, 4096, "/v1/messages", fmt.Sprintf(sglAnthBody, 4000, "%s"),
+		{"prompt and completion too long, anthropic", requested, "", 1000, 4096, "/v1/messages", fmt.Sprintf(anthBody, 4000, "%s"),
 			"input length and `max_tokens` exceed context limit: 1000 + 4000 \u003e 4096"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := sglangError(http.StatusBadRequest, []byte(tt.errBody))
-			if got.Kind != ErrContextLength || got.Status != http.StatusBadRequest || got.PromptTokens != tt.prompt || got.MaxTokens != tt.max {
-				t.Errorf("sglangError = %+v; want a 400 context-length error of %d prompt tokens, limit %d", got, tt.prompt, tt.max)
+			got := mapError(http.StatusBadRequest, []byte(tt.errBody))
+			if got.Kind != proxy.ErrContextLength || got.Status != http.StatusBadRequest || got.PromptTokens != tt.prompt || got.MaxTokens != tt.max {
+				t.Errorf("mapError = %+v; want a 400 context-length error of %d prompt tokens, limit %d", got, tt.prompt, tt.max)
 			}
 			if tt.vllmMessage != "" {
-				vllm := upstreamError(http.StatusBadRequest, fmt.Appendf(nil, `{"object":"error","message":%q,"type":"BadRequestError","code":400}`, tt.vllmMessage))
+				vllm := upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil, `{"object":"error","message":%q,"type":"BadRequestError","code":400}`, tt.vllmMessage))
 				if !reflect.DeepEqual(got, vllm) {
 					t.Errorf("mapped differently from vLLM's overflow:\n sglang %+v\n   vllm %+v", got, vllm)
 				}
@@ -527,7 +531,7 @@ func TestSGLangOtherUpstreamErrors(t *testing.T) {
 			up.status, up.errBody = tt.status, tt.body
 			f := newSGLFixture(t, up)
 			for _, extra := range []string{"", `,"stream":true`} {
-				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(sglChatBody, extra))
+				status, body := f.post(t, "/v1/chat/completions", fmt.Sprintf(chatBody, extra))
 				if status != tt.wantStatus || !strings.Contains(body, tt.want) {
 					t.Errorf("stream=%q: status %d body %s; want %d mentioning %q", extra, status, body, tt.wantStatus, tt.want)
 				}
@@ -543,16 +547,16 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	}
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there now
-	engine := &SGLang{BaseURL: "http://" + addr}
+	engine := &Engine{BaseURL: "http://" + addr}
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&Server{Dialects: Dialects{Chat: OpenAIChat{}, Anthropic: Anthropic{}}, Engine: engine,
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: engine,
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	tests := []struct{ path, body, want string }{
-		{"/v1/chat/completions", fmt.Sprintf(sglChatBody, ""), `"type":"server_error"`},
-		{"/v1/chat/completions", fmt.Sprintf(sglChatBody, `,"stream":true`), `"type":"server_error"`},
-		{"/v1/messages", fmt.Sprintf(sglAnthBody, 100, `,"stream":true`), `"type":"api_error"`},
+		{"/v1/chat/completions", fmt.Sprintf(chatBody, ""), `"type":"server_error"`},
+		{"/v1/chat/completions", fmt.Sprintf(chatBody, `,"stream":true`), `"type":"server_error"`},
+		{"/v1/messages", fmt.Sprintf(anthBody, 100, `,"stream":true`), `"type":"api_error"`},
 	}
 	for _, tt := range tests {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+tt.path, strings.NewReader(tt.body))
@@ -569,10 +573,10 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	}
 	ctx := context.Background()
 	_, errModels := engine.Models(ctx)
-	_, errCount := (&SGLang{BaseURL: "http://" + addr, Model: "m"}).CountTokens(ctx, &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}}})
+	_, errCount := (&Engine{BaseURL: "http://" + addr, Model: "m"}).CountTokens(ctx, &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}}})
 	for name, err := range map[string]error{"Models": errModels, "CountTokens": errCount} {
-		var e *Error
-		if !errors.As(err, &e) || e.Kind != ErrUpstreamUnavailable || e.Status != http.StatusBadGateway {
+		var e *proxy.Error
+		if !errors.As(err, &e) || e.Kind != proxy.ErrUpstreamUnavailable || e.Status != http.StatusBadGateway {
 			t.Errorf("%s: %v; want a 502 upstream_unavailable", name, err)
 		}
 	}
@@ -596,7 +600,7 @@ func TestSGLangCountTokensAndModels(t *testing.T) {
 		t.Errorf("tokenize request %v: want the served model, the messages and the tools", sent)
 	}
 
-	n, err := f.srv.Engine.CountTokens(context.Background(), &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}},
+	n, err := f.srv.Engine.CountTokens(context.Background(), &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}},
 		ChatTemplateKwargs: map[string]any{"enable_thinking": false}})
 	if err != nil || n != 5 {
 		t.Errorf("CountTokens = %d, %v", n, err)
@@ -621,58 +625,32 @@ func TestSGLangCountTokensAndModels(t *testing.T) {
 // failingSink is a caller that has gone away.
 type failingSink struct{ deltas int }
 
-func (s *failingSink) Delta(Delta) error { s.deltas++; return errors.New("broken pipe") }
-func (s *failingSink) Flush()            {}
+func (s *failingSink) Delta(proxy.Delta) error { s.deltas++; return errors.New("broken pipe") }
+func (s *failingSink) Flush()                  {}
 
 func TestSGLangStreamToAGoneCallerReturnsTheAnswer(t *testing.T) {
 	up := newFakeSGLang(t, "response_token_ids")
 	upstream := httptest.NewServer(up.handler())
 	defer upstream.Close()
 	sink := &failingSink{}
-	res, err := (&SGLang{BaseURL: upstream.URL}).Stream(context.Background(), &ChatRequest{Messages: []ChatMessage{{Role: "user", Content: "hi"}}}, sink)
-	if !errors.Is(err, errCallerGone) || res == nil || len(res.Choices) != 1 || res.Choices[0].Problem != "" || sink.deltas != 1 {
-		t.Fatalf("Stream = %+v, %v after %d deltas; want the whole answer and errCallerGone after the first delta", res, err, sink.deltas)
+	res, err := (&Engine{BaseURL: upstream.URL}).Stream(context.Background(), &proxy.ChatRequest{Messages: []proxy.ChatMessage{{Role: "user", Content: "hi"}}}, sink)
+	if !errors.Is(err, proxy.ErrCallerGone) || res == nil || len(res.Choices) != 1 || res.Choices[0].Problem != "" || sink.deltas != 1 {
+		t.Fatalf("Stream = %+v, %v after %d deltas; want the whole answer and proxy.ErrCallerGone after the first delta", res, err, sink.deltas)
 	}
 }
 
 func TestAnswerDeltas(t *testing.T) {
-	msg := ChatMessage{Role: "assistant", Content: "Reading both.", ReasoningContent: "Need both.", ToolCalls: []ChatToolCall{
-		{ID: "a", Type: "function", Function: ChatFunctionCall{Name: "Read", Arguments: `{"p":1}`}},
-		{ID: "b", Type: "function", Function: ChatFunctionCall{Name: "Grep", Arguments: `{}`}},
+	msg := proxy.ChatMessage{Role: "assistant", Content: "Reading both.", ReasoningContent: "Need both.", ToolCalls: []proxy.ChatToolCall{
+		{ID: "a", Type: "function", Function: proxy.ChatFunctionCall{Name: "Read", Arguments: `{"p":1}`}},
+		{ID: "b", Type: "function", Function: proxy.ChatFunctionCall{Name: "Grep", Arguments: `{}`}},
 	}}
-	want := []Delta{{Reasoning: "Need both."}, {Content: "Reading both."},
-		{ToolCalls: []ToolCallDelta{{Index: 0, ID: "a", Name: "Read", Arguments: `{"p":1}`}}},
-		{ToolCalls: []ToolCallDelta{{Index: 1, ID: "b", Name: "Grep", Arguments: `{}`}}}}
+	want := []proxy.Delta{{Reasoning: "Need both."}, {Content: "Reading both."},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "a", Name: "Read", Arguments: `{"p":1}`}}},
+		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "b", Name: "Grep", Arguments: `{}`}}}}
 	if got := answerDeltas(msg); !reflect.DeepEqual(got, want) {
 		t.Errorf("answerDeltas\n got %+v\nwant %+v", got, want)
 	}
-	if got := answerDeltas(ChatMessage{Role: "assistant", Content: ""}); len(got) != 0 {
+	if got := answerDeltas(proxy.ChatMessage{Role: "assistant", Content: ""}); len(got) != 0 {
 		t.Errorf("an empty answer gave deltas %+v", got)
-	}
-}
-
-func TestNewEngine(t *testing.T) {
-	tests := []struct {
-		kind    string
-		want    Engine
-		wantErr string
-	}{
-		{"vllm", &VLLM{BaseURL: "http://u", Model: "m"}, ""},
-		{"sglang", &SGLang{BaseURL: "http://u", Model: "m"}, ""},
-		{" SGLang ", &SGLang{BaseURL: "http://u", Model: "m"}, ""},
-		{"tgi", nil, `unknown inference engine "tgi": the supported engines are "vllm" and "sglang"`},
-		{"", nil, `the supported engines are "vllm" and "sglang"`},
-	}
-	for _, tt := range tests {
-		got, err := NewEngine(tt.kind, "http://u", "m")
-		if tt.wantErr != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || got != nil {
-				t.Errorf("NewEngine(%q) = %v, %v; want an error saying %q", tt.kind, got, err, tt.wantErr)
-			}
-			continue
-		}
-		if err != nil || !reflect.DeepEqual(got, tt.want) {
-			t.Errorf("NewEngine(%q) = %#v, %v; want %#v", tt.kind, got, err, tt.want)
-		}
 	}
 }

@@ -1,7 +1,6 @@
-package proxy
+package openai
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -9,9 +8,12 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/reqjson"
 )
 
-var _ Dialect = Responses{}
+var _ proxy.Dialect = Responses{}
 
 // Responses is the OpenAI Responses API (POST /v1/responses) as the Codex CLI speaks it:
 // stateless (store: false), the whole history in input on every call.
@@ -68,178 +70,97 @@ type responsesState struct {
 // ---------------------------------------------------------------------------------------
 // Decode
 
-// respObject decodes a JSON object; null or absent gives nil.
-func respObject(raw json.RawMessage, field string) (map[string]json.RawMessage, error) {
-	if jsonIsNull(raw) {
-		return nil, nil
-	}
-	var m map[string]json.RawMessage
-	if jsonKind(raw) != '{' || json.Unmarshal(raw, &m) != nil {
-		return nil, invalidRequest("%s must be an object", field)
-	}
-	return m, nil
-}
-
-func respArray(raw json.RawMessage, field string) ([]json.RawMessage, error) {
-	var a []json.RawMessage
-	if jsonKind(raw) != '[' || json.Unmarshal(raw, &a) != nil {
-		return nil, invalidRequest("%s must be an array", field)
-	}
-	return a, nil
-}
-
-func respString(raw json.RawMessage, field string) (string, error) {
-	var s string
-	if jsonKind(raw) != '"' || json.Unmarshal(raw, &s) != nil {
-		return "", invalidRequest("%s must be a string", field)
-	}
-	return s, nil
-}
-
-// respOptString decodes an optional string field of obj; absent or null gives "".
-func respOptString(obj map[string]json.RawMessage, key, field string) (string, error) {
-	raw, ok := obj[key]
-	if !ok || jsonIsNull(raw) {
-		return "", nil
-	}
-	return respString(raw, field)
-}
-
-func respBool(raw json.RawMessage, field string) (bool, error) {
-	var b bool
-	if err := json.Unmarshal(raw, &b); err != nil {
-		return false, invalidRequest("%s must be a boolean", field)
-	}
-	return b, nil
-}
-
-func respFloat(raw json.RawMessage, field string) (float64, error) {
-	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil {
-		return 0, invalidRequest("%s must be a number", field)
-	}
-	return f, nil
-}
-
-func respInt(raw json.RawMessage, field string) (int, error) {
-	var n int
-	if err := json.Unmarshal(raw, &n); err != nil {
-		return 0, invalidRequest("%s must be an integer", field)
-	}
-	return n, nil
-}
-
 // Decode parses a Responses request into the normalized Chat request.
-func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
-	if jsonKind(body) != '{' {
-		return nil, invalidRequest("the request body must be a JSON object")
-	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, invalidRequest("malformed JSON body: %v", err)
-	}
-	get := func(key string) (json.RawMessage, bool) {
-		raw, ok := top[key]
-		if !ok || jsonIsNull(raw) {
-			return nil, false
-		}
-		return raw, true
-	}
-
-	st := &responsesState{parallelToolCalls: true}
-	req := &Request{State: st}
-
-	raw, ok := get("model")
-	if !ok {
-		return nil, invalidRequest("model is required")
-	}
-	model, err := respString(raw, "model")
+func (Responses) Decode(_ *http.Request, body []byte) (*proxy.Request, error) {
+	top, err := reqjson.Parse(body)
 	if err != nil {
 		return nil, err
 	}
-	if model == "" {
-		return nil, invalidRequest("model is required")
+
+	st := &responsesState{parallelToolCalls: true}
+	req := &proxy.Request{State: st}
+
+	model, err := top.Get("model").NonEmptyString()
+	if err != nil {
+		return nil, err
 	}
 	req.Model, req.Chat.Model = model, model
 
-	if raw, ok := get("previous_response_id"); ok {
-		if id, err := respString(raw, "previous_response_id"); err != nil {
-			return nil, err
-		} else if id != "" {
-			return nil, invalidRequest("previous_response_id is not supported: floe keeps no responses; send store: false and the full history in input")
-		}
+	prev := top.Get("previous_response_id")
+	if id, err := prev.String(); err != nil {
+		return nil, err
+	} else if id != "" {
+		return nil, prev.Errorf("not supported: floe keeps no responses; send store: false and the full history in input")
 	}
 
-	var msgs []ChatMessage
-	if raw, ok := get("instructions"); ok {
-		s, err := respString(raw, "instructions")
+	var msgs []proxy.ChatMessage
+	if iv := top.Get("instructions"); !iv.IsNull() {
+		s, err := iv.String()
 		if err != nil {
 			return nil, err
 		}
 		st.instructions = &s
-		msgs = append(msgs, ChatMessage{Role: "system", Content: s})
+		msgs = append(msgs, proxy.ChatMessage{Role: "system", Content: s})
 	}
 
-	raw, ok = get("input")
-	if !ok {
-		return nil, invalidRequest("input is required")
-	}
-	switch jsonKind(raw) {
-	case '"':
-		s, err := respString(raw, "input")
+	input := top.Get("input")
+	switch input.Kind() {
+	case reqjson.Null:
+		return nil, input.Required()
+	case reqjson.String:
+		s, err := input.String()
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, ChatMessage{Role: "user", Content: s})
-	case '[':
-		items, err := respArray(raw, "input")
+		msgs = append(msgs, proxy.ChatMessage{Role: "user", Content: s})
+	case reqjson.Array:
+		items, err := input.Array()
 		if err != nil {
 			return nil, err
 		}
 		b := respBuilder{msgs: msgs}
-		for i, it := range items {
-			if err := b.item(it, fmt.Sprintf("input[%d]", i)); err != nil {
+		for _, it := range items {
+			if err := b.item(it); err != nil {
 				return nil, err
 			}
 		}
 		b.closeTurn()
 		msgs = b.msgs
 	default:
-		return nil, invalidRequest("input must be a string or an array of items")
+		return nil, input.Wrong("string or array of items")
 	}
 	if len(msgs) == 0 {
-		return nil, invalidRequest("input has no messages")
+		return nil, input.Errorf("has no messages")
 	}
 	req.Chat.Messages = msgs
 
-	if raw, ok := get("tools"); ok {
-		tools, err := respArray(raw, "tools")
+	toolsv := top.Get("tools")
+	tools, err := toolsv.Array()
+	if err != nil {
+		return nil, err
+	}
+	st.tools = toolsv.Raw()
+	for _, t := range tools {
+		ct, err := respTool(t)
 		if err != nil {
 			return nil, err
 		}
-		st.tools = raw
-		for i, t := range tools {
-			ct, err := respTool(t, fmt.Sprintf("tools[%d]", i))
-			if err != nil {
-				return nil, err
-			}
-			if ct != nil {
-				req.Chat.Tools = append(req.Chat.Tools, *ct)
-			}
+		if ct != nil {
+			req.Chat.Tools = append(req.Chat.Tools, *ct)
 		}
 	}
-	if raw, ok := get("tool_choice"); ok {
-		choice, err := respToolChoice(raw)
+	if tcv := top.Get("tool_choice"); !tcv.IsNull() {
+		choice, err := respToolChoice(tcv)
 		if err != nil {
 			return nil, err
 		}
-		st.toolChoice = raw
+		st.toolChoice = tcv.Raw()
 		if len(req.Chat.Tools) > 0 {
 			req.Chat.ToolChoice = choice
 		}
 	}
-	if raw, ok := get("parallel_tool_calls"); ok {
-		b, err := respBool(raw, "parallel_tool_calls")
+	if pv := top.Get("parallel_tool_calls"); !pv.IsNull() {
+		b, err := pv.Bool()
 		if err != nil {
 			return nil, err
 		}
@@ -248,44 +169,34 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 			req.Chat.ParallelToolCalls = &b
 		}
 	}
-	if raw, ok := get("max_output_tokens"); ok {
-		n, err := respInt(raw, "max_output_tokens")
-		if err != nil {
-			return nil, err
-		}
-		if n < 1 {
-			return nil, invalidRequest("max_output_tokens must be at least 1")
-		}
-		st.maxOutputTokens = &n
-		req.Chat.MaxCompletionTokens = &n
+	maxv := top.Get("max_output_tokens")
+	n, err := maxv.Int()
+	if err != nil {
+		return nil, err
 	}
-	if raw, ok := get("temperature"); ok {
-		f, err := respFloat(raw, "temperature")
-		if err != nil {
-			return nil, err
-		}
-		st.temperature = &f
-		req.Chat.Temperature = &f
+	if n != nil && *n < 1 {
+		return nil, maxv.Errorf("must be at least 1")
 	}
-	if raw, ok := get("top_p"); ok {
-		f, err := respFloat(raw, "top_p")
-		if err != nil {
-			return nil, err
-		}
-		st.topP = &f
-		req.Chat.TopP = &f
+	st.maxOutputTokens, req.Chat.MaxCompletionTokens = n, n
+	if st.temperature, err = top.Get("temperature").Number(); err != nil {
+		return nil, err
 	}
-	if raw, ok := get("reasoning"); ok {
-		r, err := respObject(raw, "reasoning")
+	req.Chat.Temperature = st.temperature
+	if st.topP, err = top.Get("top_p").Number(); err != nil {
+		return nil, err
+	}
+	req.Chat.TopP = st.topP
+	if rv := top.Get("reasoning"); !rv.IsNull() {
+		r, err := rv.Object()
 		if err != nil {
 			return nil, err
 		}
-		st.reasoning = raw
-		effort, err := respOptString(r, "effort", "reasoning.effort")
+		st.reasoning = rv.Raw()
+		effort, err := r.Get("effort").String()
 		if err != nil {
 			return nil, err
 		}
-		if _, err := respOptString(r, "summary", "reasoning.summary"); err != nil {
+		if _, err := r.Get("summary").String(); err != nil {
 			return nil, err
 		}
 		switch effort {
@@ -296,31 +207,23 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 			req.Chat.ChatTemplateKwargs = map[string]any{"enable_thinking": true}
 		}
 	}
-	if raw, ok := get("stream"); ok {
-		b, err := respBool(raw, "stream")
-		if err != nil {
-			return nil, err
-		}
-		req.Stream, req.Chat.Stream = b, b
+	if req.Stream, err = top.Get("stream").Bool(); err != nil {
+		return nil, err
 	}
-	if raw, ok := get("store"); ok {
-		b, err := respBool(raw, "store")
-		if err != nil {
-			return nil, err
-		}
-		st.store = b
+	req.Chat.Stream = req.Stream
+	if st.store, err = top.Get("store").Bool(); err != nil {
+		return nil, err
 	}
-	if raw, ok := get("text"); ok {
-		if _, err := respObject(raw, "text"); err != nil {
+	for _, key := range []string{"text", "metadata"} {
+		v := top.Get(key)
+		if _, err := v.Object(); err != nil {
 			return nil, err
 		}
-		st.text = raw
-	}
-	if raw, ok := get("metadata"); ok {
-		if _, err := respObject(raw, "metadata"); err != nil {
-			return nil, err
+		if key == "text" {
+			st.text = v.Raw()
+		} else {
+			st.metadata = v.Raw()
 		}
-		st.metadata = raw
 	}
 	return req, nil
 }
@@ -328,12 +231,12 @@ func (Responses) Decode(_ *http.Request, body []byte) (*Request, error) {
 // respBuilder turns input items into Chat messages, gathering one assistant turn — the
 // reasoning, message and function_call items of one model call — into one message.
 type respBuilder struct {
-	msgs []ChatMessage
+	msgs []proxy.ChatMessage
 	// The open assistant turn.
 	open      bool
 	reasoning strings.Builder
 	content   strings.Builder
-	calls     []ChatToolCall
+	calls     []proxy.ChatToolCall
 }
 
 func (b *respBuilder) turn() { b.open = true }
@@ -342,7 +245,7 @@ func (b *respBuilder) closeTurn() {
 	if !b.open {
 		return
 	}
-	b.msgs = append(b.msgs, ChatMessage{
+	b.msgs = append(b.msgs, proxy.ChatMessage{
 		Role:             "assistant",
 		Content:          b.content.String(),
 		ToolCalls:        b.calls,
@@ -354,106 +257,99 @@ func (b *respBuilder) closeTurn() {
 	b.calls = nil
 }
 
-func (b *respBuilder) add(m ChatMessage) {
+func (b *respBuilder) add(m proxy.ChatMessage) {
 	b.closeTurn()
 	b.msgs = append(b.msgs, m)
 }
 
-func (b *respBuilder) item(raw json.RawMessage, field string) error {
-	it, err := respObject(raw, field)
+func (b *respBuilder) item(v reqjson.Value) error {
+	if err := v.Required(); err != nil {
+		return err
+	}
+	it, err := v.Object()
 	if err != nil {
 		return err
 	}
-	if it == nil {
-		return invalidRequest("%s must be an object", field)
-	}
-	typ, err := respOptString(it, "type", field+".type")
+	typv := it.Get("type")
+	typ, err := typv.String()
 	if err != nil {
 		return err
 	}
 	if typ == "" {
-		if _, ok := it["role"]; !ok {
-			return invalidRequest("%s.type is required", field)
+		if !it.Has("role") {
+			return typv.Required()
 		}
 		typ = "message" // EasyInputMessage: {role, content}
 	}
 	switch typ {
 	case "message":
-		role, err := respOptString(it, "role", field+".role")
+		rolev := it.Get("role")
+		role, err := rolev.String()
 		if err != nil {
 			return err
 		}
-		content, ok := it["content"]
-		if !ok || jsonIsNull(content) {
-			return invalidRequest("%s.content is required", field)
+		content := it.Get("content")
+		if err := content.Required(); err != nil {
+			return err
 		}
 		switch role {
 		case "assistant":
-			text, err := respText(content, field+".content", "")
+			text, err := respText(content, "")
 			if err != nil {
 				return err
 			}
 			b.turn()
 			b.content.WriteString(text)
 		case "system", "developer":
-			text, err := respText(content, field+".content", "\n")
+			text, err := respText(content, "\n")
 			if err != nil {
 				return err
 			}
-			b.add(ChatMessage{Role: "system", Content: text})
+			b.add(proxy.ChatMessage{Role: "system", Content: text})
 		case "user":
-			c, err := respUserContent(content, field+".content")
+			c, err := respUserContent(content)
 			if err != nil {
 				return err
 			}
-			b.add(ChatMessage{Role: "user", Content: c})
+			b.add(proxy.ChatMessage{Role: "user", Content: c})
 		case "":
-			return invalidRequest("%s.role is required", field)
+			return rolev.Required()
 		default:
-			return invalidRequest("%s.role must be user, assistant, system or developer, not %q", field, role)
+			return rolev.Errorf("must be user, assistant, system or developer, not %q", role)
 		}
 	case "function_call":
-		callID, err := respOptString(it, "call_id", field+".call_id")
+		callID, err := it.Get("call_id").NonEmptyString()
 		if err != nil {
 			return err
 		}
-		if callID == "" {
-			return invalidRequest("%s.call_id is required", field)
-		}
-		name, err := respOptString(it, "name", field+".name")
+		name, err := it.Get("name").NonEmptyString()
 		if err != nil {
 			return err
-		}
-		if name == "" {
-			return invalidRequest("%s.name is required", field)
 		}
 		var args string
-		if raw, ok := it["arguments"]; ok && !jsonIsNull(raw) {
-			if jsonKind(raw) == '"' {
-				if args, err = respString(raw, field+".arguments"); err != nil {
-					return err
-				}
-			} else {
-				args = string(bytes.TrimSpace(raw)) // lenient: arguments given as JSON
+		switch av := it.Get("arguments"); av.Kind() {
+		case reqjson.Null:
+		case reqjson.String:
+			if args, err = av.String(); err != nil {
+				return err
 			}
+		default:
+			args = string(av.Raw()) // lenient: arguments given as JSON
 		}
 		b.turn()
-		b.calls = append(b.calls, ChatToolCall{ID: callID, Type: "function", Function: ChatFunctionCall{Name: name, Arguments: args}})
+		b.calls = append(b.calls, proxy.ChatToolCall{ID: callID, Type: "function", Function: proxy.ChatFunctionCall{Name: name, Arguments: args}})
 	case "function_call_output":
-		callID, err := respOptString(it, "call_id", field+".call_id")
+		callID, err := it.Get("call_id").NonEmptyString()
 		if err != nil {
 			return err
 		}
-		if callID == "" {
-			return invalidRequest("%s.call_id is required", field)
-		}
-		out, err := respToolOutput(it["output"], field+".output")
+		out, err := respToolOutput(it.Get("output"))
 		if err != nil {
 			return err
 		}
-		b.add(ChatMessage{Role: "tool", Content: out, ToolCallID: callID})
+		b.add(proxy.ChatMessage{Role: "tool", Content: out, ToolCallID: callID})
 	case "reasoning":
-		text, exact, err := respReasoningText(it, field)
+		text, exact, err := respReasoningText(it)
 		if err != nil {
 			return err
 		}
@@ -472,30 +368,26 @@ func (b *respBuilder) item(raw json.RawMessage, field string) error {
 }
 
 // respReasoningText returns a reasoning item's text and whether it is floe's exact text.
-func respReasoningText(it map[string]json.RawMessage, field string) (string, bool, error) {
-	enc, err := respOptString(it, "encrypted_content", field+".encrypted_content")
+func respReasoningText(it reqjson.Fields) (string, bool, error) {
+	enc, err := it.Get("encrypted_content").String()
 	if err != nil {
 		return "", false, err
 	}
-	if s, ok := reasoningFromSignature(enc); ok {
+	if s, ok := proxy.ReasoningFromSignature(enc); ok {
 		return s, true, nil
 	}
 	join := func(key, sep string) (string, error) {
-		raw, ok := it[key]
-		if !ok || jsonIsNull(raw) {
-			return "", nil
-		}
-		parts, err := respArray(raw, field+"."+key)
+		parts, err := it.Get(key).Array()
 		if err != nil {
 			return "", err
 		}
 		var texts []string
-		for j, p := range parts {
-			po, err := respObject(p, fmt.Sprintf("%s.%s[%d]", field, key, j))
+		for _, p := range parts {
+			po, err := p.Object()
 			if err != nil {
 				return "", err
 			}
-			t, err := respOptString(po, "text", fmt.Sprintf("%s.%s[%d].text", field, key, j))
+			t, err := po.Get("text").String()
 			if err != nil {
 				return "", err
 			}
@@ -525,50 +417,50 @@ type respPart struct {
 
 // respContentParts decodes a string or a content list into its text and image parts, in
 // order; unsupported part types are dropped.
-func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
-	if jsonKind(raw) == '"' {
-		s, err := respString(raw, field)
+func respContentParts(v reqjson.Value) ([]respPart, error) {
+	switch v.Kind() {
+	case reqjson.String:
+		s, err := v.String()
 		if err != nil {
 			return nil, err
 		}
 		return []respPart{{text: s}}, nil
+	case reqjson.Array:
+	default:
+		return nil, v.Wrong("string or array of content parts")
 	}
-	if jsonKind(raw) != '[' {
-		return nil, invalidRequest("%s must be a string or an array of content parts", field)
-	}
-	items, err := respArray(raw, field)
+	items, err := v.Array()
 	if err != nil {
 		return nil, err
 	}
 	var parts []respPart
-	for j, p := range items {
-		pf := fmt.Sprintf("%s[%d]", field, j)
-		po, err := respObject(p, pf)
+	for _, p := range items {
+		if err := p.Required(); err != nil {
+			return nil, err
+		}
+		po, err := p.Object()
 		if err != nil {
 			return nil, err
 		}
-		if po == nil {
-			return nil, invalidRequest("%s must be an object", pf)
-		}
-		typ, err := respOptString(po, "type", pf+".type")
+		typ, err := po.Get("type").String()
 		if err != nil {
 			return nil, err
 		}
 		switch typ {
 		case "input_text", "output_text", "text", "summary_text", "reasoning_text":
-			t, err := respOptString(po, "text", pf+".text")
+			t, err := po.Get("text").String()
 			if err != nil {
 				return nil, err
 			}
 			parts = append(parts, respPart{text: t})
 		case "refusal":
-			t, err := respOptString(po, "refusal", pf+".refusal")
+			t, err := po.Get("refusal").String()
 			if err != nil {
 				return nil, err
 			}
 			parts = append(parts, respPart{text: t})
 		case "input_image":
-			url, err := respImageURL(po, pf)
+			url, err := respImageURL(po.Get("image_url"))
 			if err != nil {
 				return nil, err
 			}
@@ -580,31 +472,25 @@ func respContentParts(raw json.RawMessage, field string) ([]respPart, error) {
 	return parts, nil
 }
 
-func respImageURL(po map[string]json.RawMessage, pf string) (string, error) {
-	raw, ok := po["image_url"]
-	if !ok || jsonIsNull(raw) {
-		return "", invalidRequest("%s.image_url is required (file_id is not supported)", pf)
-	}
-	if jsonKind(raw) == '{' { // lenient: Chat's {"url": ...}
-		o, err := respObject(raw, pf+".image_url")
+// respImageURL is an input_image's image_url: a URL string, or (leniently) Chat's
+// {"url": ...}. file_id is not supported.
+func respImageURL(v reqjson.Value) (string, error) {
+	if v.Kind() == reqjson.Object {
+		o, err := v.Object()
 		if err != nil {
 			return "", err
 		}
-		raw = o["url"]
+		v = o.Get("url")
 	}
-	url, err := respString(raw, pf+".image_url")
-	if err != nil {
-		return "", err
+	if v.IsNull() {
+		return "", v.Errorf("required (file_id is not supported)")
 	}
-	if url == "" {
-		return "", invalidRequest("%s.image_url is required", pf)
-	}
-	return url, nil
+	return v.NonEmptyString()
 }
 
 // respText joins a content's text parts with sep; images are dropped.
-func respText(raw json.RawMessage, field, sep string) (string, error) {
-	parts, err := respContentParts(raw, field)
+func respText(v reqjson.Value, sep string) (string, error) {
+	parts, err := respContentParts(v)
 	if err != nil {
 		return "", err
 	}
@@ -618,8 +504,8 @@ func respText(raw json.RawMessage, field, sep string) (string, error) {
 }
 
 // respUserContent is a string when the message is text only, else Chat parts.
-func respUserContent(raw json.RawMessage, field string) (any, error) {
-	parts, err := respContentParts(raw, field)
+func respUserContent(v reqjson.Value) (any, error) {
+	parts, err := respContentParts(v)
 	if err != nil {
 		return nil, err
 	}
@@ -636,95 +522,84 @@ func respUserContent(raw json.RawMessage, field string) (any, error) {
 		}
 		return strings.Join(texts, "\n"), nil
 	}
-	out := make([]ChatPart, len(parts))
+	out := make([]proxy.ChatPart, len(parts))
 	for i, p := range parts {
 		if p.image != "" {
-			out[i] = ChatPart{Type: "image_url", ImageURL: &ChatImageURL{URL: p.image}}
+			out[i] = proxy.ChatPart{Type: "image_url", ImageURL: &proxy.ChatImageURL{URL: p.image}}
 		} else {
-			out[i] = ChatPart{Type: "text", Text: p.text}
+			out[i] = proxy.ChatPart{Type: "text", Text: p.text}
 		}
 	}
 	return out, nil
 }
 
 // respToolOutput reduces a function_call_output's output to the tool message's string.
-func respToolOutput(raw json.RawMessage, field string) (string, error) {
-	switch jsonKind(raw) {
-	case 0, 'n':
+func respToolOutput(v reqjson.Value) (string, error) {
+	switch v.Kind() {
+	case reqjson.Null:
 		return "", nil
-	case '"':
-		return respString(raw, field)
-	case '[':
-		return respText(raw, field, "\n")
-	case '{': // older Codex: {"content": "...", "success": false}
-		o, err := respObject(raw, field)
+	case reqjson.String:
+		return v.String()
+	case reqjson.Array:
+		return respText(v, "\n")
+	case reqjson.Object: // older Codex: {"content": "...", "success": false}
+		o, err := v.Object()
 		if err != nil {
 			return "", err
 		}
-		if c, ok := o["content"]; ok && jsonKind(c) == '"' {
-			return respString(c, field+".content")
+		if c := o.Get("content"); c.Kind() == reqjson.String {
+			return c.String()
 		}
 	}
-	return string(bytes.TrimSpace(raw)), nil
+	return string(v.Raw()), nil
 }
 
 // respTool converts a function tool; other tool types give nil (not forwarded).
-func respTool(raw json.RawMessage, field string) (*ChatTool, error) {
-	t, err := respObject(raw, field)
+func respTool(v reqjson.Value) (*proxy.ChatTool, error) {
+	if err := v.Required(); err != nil {
+		return nil, err
+	}
+	t, err := v.Object()
 	if err != nil {
 		return nil, err
 	}
-	if t == nil {
-		return nil, invalidRequest("%s must be an object", field)
-	}
-	typ, err := respOptString(t, "type", field+".type")
+	typ, err := t.Get("type").NonEmptyString()
 	if err != nil {
 		return nil, err
-	}
-	if typ == "" {
-		return nil, invalidRequest("%s.type is required", field)
 	}
 	if typ != "function" {
 		return nil, nil // web_search, local_shell, custom, namespace, file_search …
 	}
-	src, srcField := t, field
-	if _, ok := t["name"]; !ok {
-		if fn, ok := t["function"]; ok { // lenient: Chat's nested shape
-			if src, err = respObject(fn, field+".function"); err != nil {
-				return nil, err
-			}
-			srcField = field + ".function"
+	src := t
+	if !t.Has("name") && t.Has("function") { // lenient: Chat's nested shape
+		if src, err = t.Get("function").Object(); err != nil {
+			return nil, err
 		}
 	}
-	if src == nil {
-		return nil, invalidRequest("%s.name is required", field)
-	}
-	name, err := respOptString(src, "name", srcField+".name")
+	name, err := src.Get("name").NonEmptyString()
 	if err != nil {
 		return nil, err
 	}
-	if name == "" {
-		return nil, invalidRequest("%s.name is required", srcField)
-	}
-	desc, err := respOptString(src, "description", srcField+".description")
+	desc, err := src.Get("description").String()
 	if err != nil {
+		return nil, err
+	}
+	pv := src.Get("parameters")
+	if _, err := pv.Object(); err != nil {
 		return nil, err
 	}
 	var params json.RawMessage
-	if p, ok := src["parameters"]; ok && !jsonIsNull(p) {
-		if jsonKind(p) != '{' {
-			return nil, invalidRequest("%s.parameters must be an object", srcField)
-		}
-		params = append(json.RawMessage(nil), bytes.TrimSpace(p)...)
+	if !pv.IsNull() {
+		params = append(json.RawMessage(nil), pv.Raw()...)
 	}
-	return &ChatTool{Type: "function", Function: ChatFunction{Name: name, Description: desc, Parameters: params}}, nil
+	return &proxy.ChatTool{Type: "function", Function: proxy.ChatFunction{Name: name, Description: desc, Parameters: params}}, nil
 }
 
 // respToolChoice normalizes tool_choice; nil means "not forwarded".
-func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
-	switch jsonKind(raw) {
-	case '"':
-		s, err := respString(raw, "tool_choice")
+func respToolChoice(v reqjson.Value) (json.RawMessage, error) {
+	switch v.Kind() {
+	case reqjson.String:
+		s, err := v.String()
 		if err != nil {
 			return nil, err
 		}
@@ -732,30 +607,28 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 		case "auto", "none", "required":
 			return json.RawMessage(`"` + s + `"`), nil
 		}
-		return nil, invalidRequest("tool_choice must be auto, none, required or an object, not %q", s)
-	case '{':
-		o, err := respObject(raw, "tool_choice")
+		return nil, v.Errorf("must be auto, none, required or an object, not %q", s)
+	case reqjson.Object:
+		o, err := v.Object()
 		if err != nil {
 			return nil, err
 		}
-		typ, err := respOptString(o, "type", "tool_choice.type")
+		typv := o.Get("type")
+		typ, err := typv.String()
 		if err != nil {
 			return nil, err
 		}
 		switch typ {
 		case "function":
-			name, err := respOptString(o, "name", "tool_choice.name")
+			name, err := o.Get("name").NonEmptyString()
 			if err != nil {
 				return nil, err
-			}
-			if name == "" {
-				return nil, invalidRequest("tool_choice.name is required")
 			}
 			b, _ := json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": name}})
 			return b, nil
 		case "allowed_tools":
 			// The restriction is not expressible in Chat; keep its mode.
-			mode, err := respOptString(o, "mode", "tool_choice.mode")
+			mode, err := o.Get("mode").String()
 			if err != nil {
 				return nil, err
 			}
@@ -764,11 +637,11 @@ func respToolChoice(raw json.RawMessage) (json.RawMessage, error) {
 			}
 			return json.RawMessage(`"auto"`), nil
 		case "":
-			return nil, invalidRequest("tool_choice.type is required")
+			return nil, typv.Required()
 		}
 		return nil, nil // a hosted or custom tool: not forwarded, so neither is the choice
 	}
-	return nil, invalidRequest("tool_choice must be a string or an object")
+	return nil, v.Wrong("string or object")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -873,7 +746,7 @@ func respID(prefix string) string {
 }
 
 // respNewObject starts a Response object for req with the caller's settings echoed.
-func respNewObject(req *Request, status string) *responsesObject {
+func respNewObject(req *proxy.Request, status string) *responsesObject {
 	o := &responsesObject{
 		ID:                respID("resp_"),
 		Object:            "response",
@@ -915,12 +788,12 @@ func respNewObject(req *Request, status string) *responsesObject {
 }
 
 // finish sets the terminal status of o from the finish reason and usage.
-func (o *responsesObject) finish(finishReason string, usage Usage) {
+func (o *responsesObject) finish(finishReason string, usage proxy.Usage) {
 	switch finishReason {
-	case FinishLength:
+	case proxy.FinishLength:
 		o.Status = "incomplete"
 		o.IncompleteDetails = &respIncomplete{Reason: "max_output_tokens"}
-	case FinishFilter:
+	case proxy.FinishFilter:
 		o.Status = "incomplete"
 		o.IncompleteDetails = &respIncomplete{Reason: "content_filter"}
 	default:
@@ -932,7 +805,7 @@ func (o *responsesObject) finish(finishReason string, usage Usage) {
 	o.Usage = &u
 }
 
-func respUsageOf(u Usage) respUsage {
+func respUsageOf(u proxy.Usage) respUsage {
 	total := u.TotalTokens
 	if total == 0 {
 		total = u.PromptTokens + u.CompletionTokens
@@ -942,22 +815,22 @@ func respUsageOf(u Usage) respUsage {
 
 // respItemStatus is the status of the last output item: incomplete when the answer was cut.
 func respItemStatus(finishReason string) string {
-	if finishReason == FinishLength || finishReason == FinishFilter {
+	if finishReason == proxy.FinishLength || finishReason == proxy.FinishFilter {
 		return "incomplete"
 	}
 	return "completed"
 }
 
 func respEncrypt(reasoning string) *string {
-	s := reasoningSignature(reasoning)
+	s := proxy.ReasoningSignature(reasoning)
 	return &s
 }
 
 // WriteResponse writes a complete answer as a Response object.
-func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Response) error {
+func (Responses) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *proxy.Response) error {
 	o := respNewObject(req, "completed")
-	var usage Usage
-	finish := FinishStop
+	var usage proxy.Usage
+	finish := proxy.FinishStop
 	if res != nil {
 		usage = res.Usage
 		if len(res.Choices) > 0 {
@@ -971,7 +844,7 @@ func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 					EncryptedContent: respEncrypt(msg.ReasoningContent),
 				})
 			}
-			if text := contentText(msg.Content); text != "" {
+			if text := proxy.ContentText(msg.Content); text != "" {
 				o.Output = append(o.Output, &respMessageItem{
 					ID: respID("msg_"), Type: "message", Status: "completed", Role: "assistant",
 					Content: []respOutputText{{Type: "output_text", Text: text, Annotations: []any{}}},
@@ -998,25 +871,25 @@ func (Responses) WriteResponse(w http.ResponseWriter, req *Request, res *Respons
 		}
 	}
 	o.finish(finish, usage)
-	return writeJSON(w, http.StatusOK, o)
+	return proxy.WriteJSON(w, http.StatusOK, o)
 }
 
 // ---------------------------------------------------------------------------------------
 // Errors and models
 
-func respErrorShape(err *Error) (status int, typ, code, message string) {
+func respErrorShape(err *proxy.Error) (status int, typ, code, message string) {
 	status = err.Status
 	message = err.Message
 	switch err.Kind {
-	case ErrInvalidRequest:
+	case proxy.ErrInvalidRequest:
 		status, typ = respOr(status, http.StatusBadRequest), "invalid_request_error"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		status, typ, code = respOr(status, http.StatusUnauthorized), "invalid_request_error", "invalid_api_key"
-	case ErrNotFound:
+	case proxy.ErrNotFound:
 		status, typ = respOr(status, http.StatusNotFound), "invalid_request_error"
-	case ErrTooLarge:
+	case proxy.ErrTooLarge:
 		status, typ = respOr(status, http.StatusRequestEntityTooLarge), "invalid_request_error"
-	case ErrContextLength:
+	case proxy.ErrContextLength:
 		status, typ, code = respOr(status, http.StatusBadRequest), "invalid_request_error", "context_length_exceeded"
 		message = responsesContextMessage
 		switch {
@@ -1027,9 +900,9 @@ func respErrorShape(err *Error) (status int, typ, code, message string) {
 		case err.MaxTokens > 0:
 			message += fmt.Sprintf(" The context window is %d tokens.", err.MaxTokens)
 		}
-	case ErrUpstreamUnavailable:
+	case proxy.ErrUpstreamUnavailable:
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_error"
-	case ErrOverloaded:
+	case proxy.ErrOverloaded:
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_is_overloaded"
 	default:
 		status, typ, code = respOr(status, http.StatusInternalServerError), "server_error", "server_error"
@@ -1045,16 +918,16 @@ func respOr(status, def int) int {
 }
 
 // WriteError writes err as OpenAI's {"error": {message, type, param, code}}.
-func (Responses) WriteError(w http.ResponseWriter, err *Error) {
+func (Responses) WriteError(w http.ResponseWriter, err *proxy.Error) {
 	if err == nil {
-		err = &Error{Kind: ErrInternal, Message: "unknown error"}
+		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "unknown error"}
 	}
 	status, typ, code, message := respErrorShape(err)
 	var c *string
 	if code != "" {
 		c = &code
 	}
-	_ = writeJSON(w, status, map[string]any{"error": map[string]any{
+	_ = proxy.WriteJSON(w, status, map[string]any{"error": map[string]any{
 		"message": message, "type": typ, "param": nil, "code": c,
 	}})
 }
@@ -1065,7 +938,7 @@ func (Responses) WriteModels(w http.ResponseWriter, models []string) {
 	for _, m := range models {
 		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "floe"})
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	_ = proxy.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1076,7 +949,7 @@ func (Responses) WriteModels(w http.ResponseWriter, models []string) {
 // reasoning, message and function_call items one after another, each as
 // output_item.added … output_item.done.
 type responsesStream struct {
-	sse    *sseWriter
+	sse    *proxy.SSEWriter
 	obj    *responsesObject
 	seq    int
 	err    error
@@ -1106,8 +979,8 @@ const (
 )
 
 // NewStream sends the SSE headers, response.created and response.in_progress.
-func (Responses) NewStream(w http.ResponseWriter, req *Request) Stream {
-	s := &responsesStream{sse: newSSE(w), obj: respNewObject(req, "in_progress"), calls: map[int]*respStreamCall{}}
+func (Responses) NewStream(w http.ResponseWriter, req *proxy.Request) proxy.Stream {
+	s := &responsesStream{sse: proxy.NewSSE(w), obj: respNewObject(req, "in_progress"), calls: map[int]*respStreamCall{}}
 	s.emit("response.created", map[string]any{"response": s.obj})
 	s.emit("response.in_progress", map[string]any{"response": s.obj})
 	return s
@@ -1120,7 +993,7 @@ func (s *responsesStream) emit(typ string, ev map[string]any) {
 	ev["type"] = typ
 	ev["sequence_number"] = s.seq
 	s.seq++
-	s.err = s.sse.event(typ, ev)
+	s.err = s.sse.Event(typ, ev)
 }
 
 // open appends item to the output and announces it.
@@ -1167,7 +1040,7 @@ func (s *responsesStream) close(status string) {
 }
 
 // Delta streams one increment: reasoning, then text, then tool-call fragments.
-func (s *responsesStream) Delta(d Delta) error {
+func (s *responsesStream) Delta(d proxy.Delta) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: delta after the end")
 	}
@@ -1222,7 +1095,7 @@ func (s *responsesStream) Delta(d Delta) error {
 
 // End closes the open item and sends response.completed, or response.incomplete when the
 // answer was cut by the token limit or a content filter.
-func (s *responsesStream) End(finishReason string, usage Usage) error {
+func (s *responsesStream) End(finishReason string, usage proxy.Usage) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: already ended")
 	}
@@ -1239,19 +1112,19 @@ func (s *responsesStream) End(finishReason string, usage Usage) error {
 
 // Fail sends response.failed with the error's code, which Codex classifies
 // (context_length_exceeded ends the turn as a full context window; others are retried).
-func (s *responsesStream) Fail(err *Error) error {
+func (s *responsesStream) Fail(err *proxy.Error) error {
 	if s.ended {
 		return fmt.Errorf("responses stream: already ended")
 	}
 	s.ended = true
 	if err == nil {
-		err = &Error{Kind: ErrInternal, Message: "unknown error"}
+		err = &proxy.Error{Kind: proxy.ErrInternal, Message: "unknown error"}
 	}
 	_, _, code, message := respErrorShape(err)
 	switch err.Kind {
-	case ErrInvalidRequest, ErrTooLarge, ErrNotFound:
+	case proxy.ErrInvalidRequest, proxy.ErrTooLarge, proxy.ErrNotFound:
 		code = "invalid_prompt"
-	case ErrAuthentication:
+	case proxy.ErrAuthentication:
 		code = "unauthorized"
 	}
 	s.obj.Status = "failed"

@@ -1,4 +1,5 @@
-package proxy
+// Package sglang is the proxy's engine for SGLang's OpenAI-compatible server.
+package sglang
 
 import (
 	"context"
@@ -8,10 +9,12 @@ import (
 	"regexp"
 	"slices"
 
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/internal/upstream"
 	gojson "github.com/goccy/go-json"
 )
 
-// SGLang talks to SGLang's OpenAI-compatible server. It asks /v1/chat/completions for
+// Engine talks to SGLang's OpenAI-compatible server. It asks /v1/chat/completions for
 // the sampled tokens' log-probabilities (logprobs), the prompt's token ids
 // (return_prompt_token_ids), the response's token ids (return_token_ids) and, for servers
 // that predate return_token_ids, the per-token (logprob, id) pairs of meta_info
@@ -59,36 +62,40 @@ import (
 //     TokenizeRequest's messages with the chat template as the chat endpoint does.
 //   - python/sglang/srt/layers/sampler.py: the log-probabilities above (log of the
 //     temperature-scaled softmax; SGLANG_RETURN_ORIGINAL_LOGPROB for the raw ones).
-type SGLang struct {
+type Engine struct {
 	BaseURL string       // e.g. http://127.0.0.1:30000
 	Model   string       // served model; empty: the first the server lists
 	Client  *http.Client // nil: a shared client with many idle connections per host
 
-	cache servedModel
+	cache upstream.ServedModel
 }
 
-var _ Engine = (*SGLang)(nil)
+var _ proxy.Engine = (*Engine)(nil)
 
-func (s *SGLang) client() *http.Client {
+// New returns the engine for the SGLang server at baseURL serving model (empty: the first
+// model the server lists).
+func New(baseURL, model string) *Engine { return &Engine{BaseURL: baseURL, Model: model} }
+
+func (s *Engine) client() *http.Client {
 	if s.Client != nil {
 		return s.Client
 	}
-	return upstreamClient
+	return upstream.Client
 }
 
 // served returns the model name to send upstream.
-func (s *SGLang) served(ctx context.Context) (string, error) {
-	return s.cache.get(ctx, s.Model, s.Models)
+func (s *Engine) served(ctx context.Context) (string, error) {
+	return s.cache.Get(ctx, s.Model, s.Models)
 }
 
-func (s *SGLang) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
-	return postJSON(ctx, s.client(), s.BaseURL, path, body, sglangError)
+func (s *Engine) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
+	return upstream.PostJSON(ctx, s.client(), s.BaseURL, path, body, mapError)
 }
 
-// sglangRequest is ChatRequest plus SGLang's token flags. Streaming is never asked for:
+// request is ChatRequest plus SGLang's token flags. Streaming is never asked for:
 // SGLang refuses the id flags on a stream.
-type sglangRequest struct {
-	*ChatRequest
+type request struct {
+	*proxy.ChatRequest
 	Logprobs             bool `json:"logprobs"`
 	ReturnPromptTokenIDs bool `json:"return_prompt_token_ids"`
 	ReturnTokenIDs       bool `json:"return_token_ids"`
@@ -98,59 +105,59 @@ type sglangRequest struct {
 	ReturnMetaInfo bool `json:"return_meta_info"`
 }
 
-func (s *SGLang) body(ctx context.Context, req *ChatRequest) ([]byte, error) {
+func (s *Engine) body(ctx context.Context, req *proxy.ChatRequest) ([]byte, error) {
 	model, err := s.served(ctx)
 	if err != nil {
 		return nil, err
 	}
 	r := *req
 	r.Model, r.Stream = model, false
-	b, err := gojson.Marshal(sglangRequest{ChatRequest: &r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
+	b, err := gojson.Marshal(request{ChatRequest: &r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
 	if err != nil {
-		return nil, &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "encoding the upstream request: " + err.Error()}
+		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
 	}
 	return b, nil
 }
 
-// sglangResponse is a non-streaming /v1/chat/completions answer.
-type sglangResponse struct {
-	ID      string         `json:"id"`
-	Choices []sglangChoice `json:"choices"`
-	Usage   *Usage         `json:"usage"`
+// response is a non-streaming /v1/chat/completions answer.
+type response struct {
+	ID      string           `json:"id"`
+	Choices []responseChoice `json:"choices"`
+	Usage   *proxy.Usage     `json:"usage"`
 }
 
-type sglangChoice struct {
-	Index          int             `json:"index"`
-	Message        *ChatMessage    `json:"message"`
-	FinishReason   *string         `json:"finish_reason"`
-	Logprobs       *sglangLogprobs `json:"logprobs"`
-	PromptTokenIDs []int32         `json:"prompt_token_ids"`
+type responseChoice struct {
+	Index          int                `json:"index"`
+	Message        *proxy.ChatMessage `json:"message"`
+	FinishReason   *string            `json:"finish_reason"`
+	Logprobs       *choiceLogprobs    `json:"logprobs"`
+	PromptTokenIDs []int32            `json:"prompt_token_ids"`
 	// The generated ids under return_token_ids: token_ids from sgl-project/sglang#30917,
 	// response_token_ids since #35225.
-	TokenIDs         []int32         `json:"token_ids"`
-	ResponseTokenIDs []int32         `json:"response_token_ids"`
-	MetaInfo         *sglangMetaInfo `json:"meta_info"`
+	TokenIDs         []int32   `json:"token_ids"`
+	ResponseTokenIDs []int32   `json:"response_token_ids"`
+	MetaInfo         *metaInfo `json:"meta_info"`
 }
 
-// sglangLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
+// choiceLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
 // encoder writes -inf and NaN as null, which must not read as 0 (probability one).
-type sglangLogprobs struct {
+type choiceLogprobs struct {
 	Content []struct {
 		Logprob *float64 `json:"logprob"`
 	} `json:"content"`
 }
 
-type sglangMetaInfo struct {
-	OutputTokenLogprobs []sglangTokenLogprob `json:"output_token_logprobs"`
+type metaInfo struct {
+	OutputTokenLogprobs []tokenLogprob `json:"output_token_logprobs"`
 }
 
-// sglangTokenLogprob is one (logprob, token_id, token_text) tuple of
+// tokenLogprob is one (logprob, token_id, token_text) tuple of
 // meta_info.output_token_logprobs; only the token id is used.
-type sglangTokenLogprob struct {
+type tokenLogprob struct {
 	ID int32
 }
 
-func (t *sglangTokenLogprob) UnmarshalJSON(b []byte) error {
+func (t *tokenLogprob) UnmarshalJSON(b []byte) error {
 	var tuple []json.RawMessage
 	if err := gojson.Unmarshal(b, &tuple); err != nil {
 		return fmt.Errorf("an output_token_logprobs entry is not a (logprob, token_id, text) array: %w", err)
@@ -165,38 +172,38 @@ func (t *sglangTokenLogprob) UnmarshalJSON(b []byte) error {
 }
 
 // Complete sends one non-streaming request and returns every choice with its token data.
-func (s *SGLang) Complete(ctx context.Context, req *ChatRequest) (*Result, error) {
+func (s *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.Result, error) {
 	body, err := s.body(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	var sr sglangResponse
-	latency, err := complete(ctx, s.post, body, &sr)
+	var sr response
+	latency, err := upstream.Complete(ctx, s.post, body, &sr)
 	if err != nil {
 		return nil, err
 	}
 	if len(sr.Choices) == 0 {
-		return nil, &Error{Status: http.StatusBadGateway, Kind: ErrUpstreamUnavailable, Message: "the inference server answered with no choices"}
+		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server answered with no choices"}
 	}
 	// The choices of one request share its prompt: choice 0's ids are the call's.
-	res := &Result{Upstream: body, Latency: latency, PromptIDs: sr.Choices[0].PromptTokenIDs}
+	res := &proxy.Result{Upstream: body, Latency: latency, PromptIDs: sr.Choices[0].PromptTokenIDs}
 	res.Response.ID = sr.ID
 	if sr.Usage != nil {
 		res.Response.Usage = *sr.Usage
 	}
 	for i := range sr.Choices {
 		c := &sr.Choices[i]
-		ch := answerChoice(c.Index, c.Message, c.FinishReason)
+		ch := upstream.AnswerChoice(c.Index, c.Message, c.FinishReason)
 		res.Response.Choices = append(res.Response.Choices, ch)
-		res.Choices = append(res.Choices, sglangTokenData(c, res.PromptIDs, ch.FinishReason))
+		res.Choices = append(res.Choices, tokenData(c, res.PromptIDs, ch.FinishReason))
 	}
 	return res, nil
 }
 
-// sglangTokenData gathers one choice's token data and says why it cannot be trained on,
+// tokenData gathers one choice's token data and says why it cannot be trained on,
 // if it cannot. prompt is choice 0's prompt_token_ids, which a sibling choice must repeat
 // when it carries its own.
-func sglangTokenData(c *sglangChoice, prompt []int32, finish string) TokenData {
+func tokenData(c *responseChoice, prompt []int32, finish string) proxy.TokenData {
 	var metaIDs []int32
 	if c.MetaInfo != nil && c.MetaInfo.OutputTokenLogprobs != nil {
 		metaIDs = make([]int32, len(c.MetaInfo.OutputTokenLogprobs))
@@ -211,7 +218,7 @@ func sglangTokenData(c *sglangChoice, prompt []int32, finish string) TokenData {
 	if ids == nil {
 		ids, source, metaIDs = metaIDs, "meta_info.output_token_logprobs", nil
 	}
-	td := TokenData{ResponseIDs: ids}
+	td := proxy.TokenData{ResponseIDs: ids}
 	null := -1
 	if c.Logprobs != nil {
 		td.Logprobs = make([]float32, len(c.Logprobs.Content))
@@ -254,14 +261,14 @@ func sglangTokenData(c *sglangChoice, prompt []int32, finish string) TokenData {
 // complete, choice 0 goes to sink as reasoning, text and one fragment per tool call,
 // which the caller's dialect writes as its own SSE events; the server then records the
 // call and ends the stream. What is recorded is exactly what Complete records.
-func (s *SGLang) Stream(ctx context.Context, req *ChatRequest, sink StreamSink) (*Result, error) {
+func (s *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.StreamSink) (*proxy.Result, error) {
 	res, err := s.Complete(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	for _, d := range answerDeltas(res.Response.Choices[0].Message) {
 		if err := sink.Delta(d); err != nil {
-			return res, fmt.Errorf("%w: %w", errCallerGone, err)
+			return res, fmt.Errorf("%w: %w", proxy.ErrCallerGone, err)
 		}
 	}
 	sink.Flush()
@@ -270,72 +277,72 @@ func (s *SGLang) Stream(ctx context.Context, req *ChatRequest, sink StreamSink) 
 
 // answerDeltas splits a complete assistant message into the deltas a stream of it would
 // have carried: its reasoning, its text, then each tool call whole (id, name, arguments).
-func answerDeltas(m ChatMessage) []Delta {
-	var out []Delta
+func answerDeltas(m proxy.ChatMessage) []proxy.Delta {
+	var out []proxy.Delta
 	if m.ReasoningContent != "" {
-		out = append(out, Delta{Reasoning: m.ReasoningContent})
+		out = append(out, proxy.Delta{Reasoning: m.ReasoningContent})
 	}
 	if text, _ := m.Content.(string); text != "" {
-		out = append(out, Delta{Content: text})
+		out = append(out, proxy.Delta{Content: text})
 	}
 	for i, tc := range m.ToolCalls {
-		out = append(out, Delta{ToolCalls: []ToolCallDelta{{Index: i, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments}}})
+		out = append(out, proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments}}})
 	}
 	return out
 }
 
-// sglangTokenizeRequest is SGLang's TokenizeRequest for a conversation: the server
+// tokenizeRequest is SGLang's TokenizeRequest for a conversation: the server
 // renders it with the chat template exactly as /v1/chat/completions would (generation
 // prompt included) and counts the tokens.
-type sglangTokenizeRequest struct {
-	Model              string          `json:"model"`
-	Messages           []ChatMessage   `json:"messages"`
-	Tools              []ChatTool      `json:"tools,omitempty"`
-	ToolChoice         json.RawMessage `json:"tool_choice,omitempty"`
-	ChatTemplateKwargs map[string]any  `json:"chat_template_kwargs,omitempty"`
+type tokenizeRequest struct {
+	Model              string              `json:"model"`
+	Messages           []proxy.ChatMessage `json:"messages"`
+	Tools              []proxy.ChatTool    `json:"tools,omitempty"`
+	ToolChoice         json.RawMessage     `json:"tool_choice,omitempty"`
+	ChatTemplateKwargs map[string]any      `json:"chat_template_kwargs,omitempty"`
 }
 
 // CountTokens asks SGLang's /v1/tokenize, which takes messages on servers whose
 // TokenizeRequest has them (older ones take only a prompt and refuse the request).
-func (s *SGLang) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
+func (s *Engine) CountTokens(ctx context.Context, req *proxy.ChatRequest) (int, error) {
 	model, err := s.served(ctx)
 	if err != nil {
 		return 0, err
 	}
-	body, err := gojson.Marshal(sglangTokenizeRequest{Model: model, Messages: req.Messages, Tools: req.Tools,
+	body, err := gojson.Marshal(tokenizeRequest{Model: model, Messages: req.Messages, Tools: req.Tools,
 		ToolChoice: req.ToolChoice, ChatTemplateKwargs: req.ChatTemplateKwargs})
 	if err != nil {
 		return 0, fmt.Errorf("encoding the tokenize request: %w", err)
 	}
-	return tokenCount(ctx, s.client(), s.BaseURL, "/v1/tokenize", body, sglangError)
+	return upstream.TokenCount(ctx, s.client(), s.BaseURL, "/v1/tokenize", body, mapError)
 }
 
-func (s *SGLang) Models(ctx context.Context) ([]string, error) {
-	return listModels(ctx, s.client(), s.BaseURL, sglangError)
+func (s *Engine) Models(ctx context.Context) ([]string, error) {
+	return upstream.ListModels(ctx, s.client(), s.BaseURL, mapError)
 }
 
 // SGLang's two context-length refusals (tokenizer_manager.py's request validation).
 var (
-	sglangInputTooLongRE = regexp.MustCompile(`The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)`)
-	sglangRequestedRE    = regexp.MustCompile(`maximum context length of (\d+) tokens\. You requested a total of (\d+) tokens: (\d+) tokens from the input messages and (\d+) tokens for the completion`)
+	inputTooLongRE = regexp.MustCompile(`The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)`)
+	requestedRE    = regexp.MustCompile(`maximum context length of (\d+) tokens\. You requested a total of (\d+) tokens: (\d+) tokens from the input messages and (\d+) tokens for the completion`)
 )
 
-// sglangError turns an SGLang error answer into an *Error. SGLang words a context overflow
-// differently from vLLM; its words are put into vLLM's and mapped by upstreamError, so
+// mapError turns an SGLang error answer into an *Error. SGLang words a context overflow
+// differently from vLLM; its words are put into vLLM's and mapped by upstream.MapError, so
 // that every dialect answers an SGLang overflow exactly as a vLLM one (Anthropic's
 // "input length and `max_tokens` exceed context limit", on which Claude Code lowers
 // max_tokens, is read from vLLM's "(N in the messages, M in the completion)").
-func sglangError(status int, body []byte) *Error {
-	msg := upstreamMessage(body)
-	if m := sglangRequestedRE.FindStringSubmatch(msg); m != nil {
-		return upstreamError(http.StatusBadRequest, fmt.Appendf(nil,
+func mapError(status int, body []byte) *proxy.Error {
+	msg := upstream.Message(body)
+	if m := requestedRE.FindStringSubmatch(msg); m != nil {
+		return upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil,
 			"This model's maximum context length is %s tokens. However, you requested %s tokens (%s in the messages, %s in the completion). Please reduce the length of the messages or completion.",
 			m[1], m[2], m[3], m[4]))
 	}
-	if m := sglangInputTooLongRE.FindStringSubmatch(msg); m != nil {
-		return upstreamError(http.StatusBadRequest, fmt.Appendf(nil,
+	if m := inputTooLongRE.FindStringSubmatch(msg); m != nil {
+		return upstream.MapError(http.StatusBadRequest, fmt.Appendf(nil,
 			"This model's maximum context length is %s tokens. However, you requested %s tokens in the messages, Please reduce the length of the messages.",
 			m[2], m[1]))
 	}
-	return upstreamError(status, body)
+	return upstream.MapError(status, body)
 }

@@ -1,0 +1,227 @@
+// Package upstream holds what the vLLM and SGLang engines share: both servers speak
+// OpenAI-compatible HTTP (POST JSON, /v1/models, a tokenize endpoint answering a count)
+// and word errors alike once SGLang's context-length wording is mapped to vLLM's.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/floe-rl/floe/proxy"
+	gojson "github.com/goccy/go-json"
+)
+
+// Client keeps enough idle connections for hundreds of concurrent sessions; the
+// default transport keeps two per host, so a busy proxy would open a TCP connection per
+// call.
+var Client = &http.Client{Transport: func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+	return t
+}()}
+
+// ServedModel remembers the model an engine sends upstream when none was configured: the
+// first one the server lists, asked once.
+type ServedModel struct {
+	mu   sync.Mutex
+	name string
+}
+
+// Get returns fixed when set, else the first model list names (asked on first use).
+func (s *ServedModel) Get(ctx context.Context, fixed string, list func(context.Context) ([]string, error)) (string, error) {
+	if fixed != "" {
+		return fixed, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.name != "" {
+		return s.name, nil
+	}
+	models, err := list(ctx)
+	if err != nil {
+		return "", err
+	}
+	if len(models) == 0 {
+		return "", &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server lists no models"}
+	}
+	s.name = models[0]
+	return s.name, nil
+}
+
+// PostJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
+// a refused connection or an error status; mapErr reads an error answer, so that each
+// engine can recognise its server's own wording.
+func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *proxy.Error) (*http.Response, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: err.Error()}
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(hr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
+			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return nil, mapErr(resp.StatusCode, msg)
+	}
+	return resp, nil
+}
+
+// vLLM words a context overflow as: "This model's maximum context length is 4096 tokens.
+// However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."
+var (
+	contextLengthRE = regexp.MustCompile(`maximum context length is (\d+) tokens`)
+	inMessagesRE    = regexp.MustCompile(`\((\d+) in the messages`)
+	requestedRE     = regexp.MustCompile(`requested (\d+) tokens`)
+)
+
+// Message is the message of an upstream error answer: the top-level "message" of
+// vLLM's (and older SGLang's) flat error object, the "error.message" of OpenAI's envelope,
+// or the whole body when it is neither.
+func Message(body []byte) string {
+	msg := string(body)
+	var shaped struct {
+		Message string `json:"message"`
+		Error   *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &shaped) == nil {
+		if shaped.Message != "" {
+			msg = shaped.Message
+		} else if shaped.Error != nil && shaped.Error.Message != "" {
+			msg = shaped.Error.Message
+		}
+	}
+	return msg
+}
+
+// MapError turns an upstream error response into an *Error of the right kind.
+func MapError(status int, body []byte) *proxy.Error {
+	msg := Message(body)
+	if m := contextLengthRE.FindStringSubmatch(msg); m != nil {
+		e := &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrContextLength, Message: msg}
+		e.MaxTokens, _ = strconv.Atoi(m[1])
+		if p := inMessagesRE.FindStringSubmatch(msg); p != nil {
+			e.PromptTokens, _ = strconv.Atoi(p[1])
+		} else if p := requestedRE.FindStringSubmatch(msg); p != nil {
+			e.PromptTokens, _ = strconv.Atoi(p[1])
+		}
+		return e
+	}
+	switch {
+	case status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable:
+		return &proxy.Error{Status: http.StatusServiceUnavailable, Kind: proxy.ErrOverloaded, Message: "inference server busy: " + msg}
+	case status >= 500:
+		return &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: fmt.Sprintf("inference server error %d: %s", status, msg)}
+	case status == http.StatusNotFound:
+		return &proxy.Error{Status: http.StatusNotFound, Kind: proxy.ErrNotFound, Message: "inference server: " + msg}
+	default:
+		return &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrInvalidRequest, Message: "inference server rejected the request: " + msg}
+	}
+}
+
+// AnswerChoice is an engine's choice as the normalized answer: an assistant message
+// (empty content rather than none) and its finish reason.
+func AnswerChoice(index int, m *proxy.ChatMessage, finishReason *string) proxy.Choice {
+	msg := proxy.ChatMessage{Role: "assistant", Content: ""}
+	if m != nil {
+		msg = *m
+		msg.Role = "assistant"
+		if msg.Content == nil {
+			msg.Content = ""
+		}
+	}
+	finish := ""
+	if finishReason != nil {
+		finish = *finishReason
+	}
+	return proxy.Choice{Index: index, Message: msg, FinishReason: finish}
+}
+
+// Complete posts a non-streaming chat completion and decodes the answer into out; it
+// returns the time from sending to the end of the answer.
+func Complete(ctx context.Context, post func(context.Context, string, []byte) (*http.Response, error), body []byte, out any) (time.Duration, error) {
+	start := time.Now()
+	resp, err := post(ctx, "/v1/chat/completions", body)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = gojson.Unmarshal(raw, out)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		return 0, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "reading the inference server's answer: " + err.Error()}
+	}
+	return time.Since(start), nil
+}
+
+// TokenCount posts a tokenize request (vLLM's /tokenize, SGLang's /v1/tokenize: both answer
+// {"count": n, ...}) and returns the count.
+func TokenCount(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *proxy.Error) (int, error) {
+	resp, err := PostJSON(ctx, c, baseURL, path, body, mapErr)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Count *int `json:"count"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || out.Count == nil {
+		return 0, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server's " + path + " answer has no count"}
+	}
+	return *out.Count, nil
+}
+
+// ListModels asks an OpenAI-compatible server's GET /v1/models (vLLM and SGLang answer
+// the same {"object":"list","data":[{"id":…}]}) for the ids of its models.
+func ListModels(ctx context.Context, c *http.Client, baseURL string, mapErr func(status int, body []byte) *proxy.Error) ([]string, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(baseURL, "/")+"/v1/models", nil)
+	if err != nil {
+		return nil, fmt.Errorf("building the /v1/models request for %s: %w", baseURL, err)
+	}
+	resp, err := c.Do(hr)
+	if err != nil {
+		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
+			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return nil, mapErr(resp.StatusCode, msg)
+	}
+	var out struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "reading /v1/models: " + err.Error()}
+	}
+	var ids []string
+	for _, d := range out.Data {
+		ids = append(ids, d.ID)
+	}
+	return ids, nil
+}

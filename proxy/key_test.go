@@ -1,0 +1,28 @@
+package proxy
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// TestKeySources: the session key is read from each header a harness may send it in,
+// x-floe-session first.
+func TestKeySources(t *testing.T) {
+	tests := []struct {
+		set  func(*http.Request)
+		want string
+	}{
+		{func(r *http.Request) { r.Header.Set("x-api-key", "a") }, "a"},
+		{func(r *http.Request) { r.Header.Set("x-goog-api-key", "b") }, "b"},
+		{func(r *http.Request) { r.URL.RawQuery = "key=c&alt=sse" }, "c"},
+		{func(r *http.Request) { r.Header.Set("x-api-key", "a"); r.Header.Set("x-floe-session", "s") }, "s"},
+	}
+	for _, tt := range tests {
+		r := httptest.NewRequest(http.MethodPost, "/v1/messages", nil)
+		tt.set(r)
+		if got := key(r); got != tt.want {
+			t.Errorf("key() = %q, want %q", got, tt.want)
+		}
+	}
+}

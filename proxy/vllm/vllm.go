@@ -1,0 +1,325 @@
+// Package vllm is the proxy's engine for vLLM's OpenAI-compatible server.
+package vllm
+
+import (
+	"context"
+	"encoding/json"
+
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/internal/upstream"
+	gojson "github.com/goccy/go-json"
+)
+
+// Engine talks to vLLM's OpenAI-compatible server (>= 0.10.2), asking for token ids with
+// return_token_ids and for the sampled tokens' log-probabilities with logprobs. vLLM should
+// run with --logprobs-mode processed_logprobs, so that the log-probabilities are those of
+// the distribution actually sampled from (after temperature and top-p), which is what the
+// trainer's importance ratio needs.
+type Engine struct {
+	BaseURL string       // e.g. http://127.0.0.1:8000
+	Model   string       // served model; empty: the first the server lists
+	Client  *http.Client // nil: a client without overall timeout (streams are long)
+
+	cache upstream.ServedModel
+}
+
+var _ proxy.Engine = (*Engine)(nil)
+
+// New returns the engine for the vLLM server at baseURL serving model (empty: the first
+// model the server lists).
+func New(baseURL, model string) *Engine { return &Engine{BaseURL: baseURL, Model: model} }
+
+func (v *Engine) client() *http.Client {
+	if v.Client != nil {
+		return v.Client
+	}
+	return upstream.Client
+}
+
+// served returns the model name to send upstream.
+func (v *Engine) served(ctx context.Context) (string, error) {
+	return v.cache.Get(ctx, v.Model, v.Models)
+}
+
+// request is ChatRequest plus the token-id flags.
+type request struct {
+	*proxy.ChatRequest
+	Logprobs       bool           `json:"logprobs"`
+	ReturnTokenIDs bool           `json:"return_token_ids"`
+	StreamOptions  map[string]any `json:"stream_options,omitempty"`
+}
+
+func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) ([]byte, error) {
+	model, err := v.served(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := *req
+	r.Model, r.Stream = model, stream
+	vr := request{ChatRequest: &r, Logprobs: true, ReturnTokenIDs: true}
+	if stream {
+		vr.StreamOptions = map[string]any{"include_usage": true}
+	}
+	b, err := gojson.Marshal(vr)
+	if err != nil {
+		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
+	}
+	return b, nil
+}
+
+// post sends body to path and returns the response, or an *Error for a refused connection
+// or an error status.
+func (v *Engine) post(ctx context.Context, path string, body []byte) (*http.Response, error) {
+	return upstream.PostJSON(ctx, v.client(), v.BaseURL, path, body, upstream.MapError)
+}
+
+// chunkChoice is a choice of a vLLM response or stream chunk.
+type chunkChoice struct {
+	Index        int                `json:"index"`
+	Message      *proxy.ChatMessage `json:"message"`
+	Delta        *delta             `json:"delta"`
+	FinishReason *string            `json:"finish_reason"`
+	TokenIDs     []int32            `json:"token_ids"`
+	Logprobs     *choiceLogprobs    `json:"logprobs"`
+	MetaInfo     map[string]any     `json:"meta_info,omitempty"`
+}
+
+type delta struct {
+	Content          *string `json:"content"`
+	ReasoningContent *string `json:"reasoning_content"`
+	Reasoning        *string `json:"reasoning"` // newer vLLM name for reasoning_content
+	ToolCalls        []struct {
+		Index    int    `json:"index"`
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+type choiceLogprobs struct {
+	Content []struct {
+		Logprob float32 `json:"logprob"`
+	} `json:"content"`
+}
+
+type response struct {
+	ID             string        `json:"id"`
+	Choices        []chunkChoice `json:"choices"`
+	Usage          *proxy.Usage  `json:"usage"`
+	PromptTokenIDs []int32       `json:"prompt_token_ids"`
+}
+
+func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.Result, error) {
+	body, err := v.body(ctx, req, false)
+	if err != nil {
+		return nil, err
+	}
+	var vr response
+	latency, err := upstream.Complete(ctx, v.post, body, &vr)
+	if err != nil {
+		return nil, err
+	}
+	res := &proxy.Result{Upstream: body, Latency: latency, PromptIDs: vr.PromptTokenIDs}
+	res.Response.ID = vr.ID
+	if vr.Usage != nil {
+		res.Response.Usage = *vr.Usage
+	}
+	for _, c := range vr.Choices {
+		res.Response.Choices = append(res.Response.Choices, upstream.AnswerChoice(c.Index, c.Message, c.FinishReason))
+		res.Choices = append(res.Choices, tokenData(c.TokenIDs, c.Logprobs, vr.PromptTokenIDs))
+	}
+	if len(res.Response.Choices) == 0 {
+		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server answered with no choices"}
+	}
+	return res, nil
+}
+
+// tokenData checks one choice's token data.
+func tokenData(ids []int32, lp *choiceLogprobs, prompt []int32) proxy.TokenData {
+	td := proxy.TokenData{ResponseIDs: ids}
+	if lp != nil {
+		td.Logprobs = make([]float32, len(lp.Content))
+		for i, c := range lp.Content {
+			td.Logprobs[i] = c.Logprob
+		}
+	}
+	switch {
+	case len(prompt) == 0:
+		td.Problem = "the inference server returned no prompt_token_ids (vLLM >= 0.10.2 with return_token_ids is needed)"
+	case ids == nil:
+		td.Problem = "the inference server returned no token_ids for the response"
+	case lp == nil:
+		td.Problem = "the inference server returned no logprobs"
+	case len(td.Logprobs) != len(ids):
+		td.Problem = fmt.Sprintf("%d logprobs for %d response token ids", len(td.Logprobs), len(ids))
+	}
+	return td
+}
+
+// streamChoice accumulates one choice of a stream.
+type streamChoice struct {
+	content, reasoning strings.Builder
+	calls              []proxy.ChatToolCall
+	ids                []int32
+	logprobs           []float32
+	sawIDs, sawLP      bool
+	finish             string
+}
+
+func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.StreamSink) (*proxy.Result, error) {
+	body, err := v.body(ctx, req, true)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	resp, err := v.post(ctx, "/v1/chat/completions", body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	res := &proxy.Result{Upstream: body}
+	var choices []*streamChoice
+	choice := func(i int) *streamChoice {
+		for len(choices) <= i {
+			choices = append(choices, &streamChoice{})
+		}
+		return choices[i]
+	}
+	done := false
+	err = proxy.ReadSSE(resp.Body, sink.Flush, func(data []byte) error {
+		if string(data) == "[DONE]" {
+			done = true
+			return errStopSSE
+		}
+		var chunk response
+		if err := gojson.Unmarshal(data, &chunk); err != nil {
+			return fmt.Errorf("a stream chunk is not JSON: %w", err)
+		}
+		if res.Response.ID == "" {
+			res.Response.ID = chunk.ID
+		}
+		if chunk.PromptTokenIDs != nil {
+			res.PromptIDs = chunk.PromptTokenIDs
+		}
+		if chunk.Usage != nil {
+			res.Response.Usage = *chunk.Usage
+		}
+		for _, c := range chunk.Choices {
+			sc := choice(c.Index)
+			if c.TokenIDs != nil {
+				sc.sawIDs = true
+				sc.ids = append(sc.ids, c.TokenIDs...)
+			}
+			if c.Logprobs != nil {
+				sc.sawLP = true
+				for _, x := range c.Logprobs.Content {
+					sc.logprobs = append(sc.logprobs, x.Logprob)
+				}
+			}
+			if c.FinishReason != nil && *c.FinishReason != "" {
+				sc.finish = *c.FinishReason
+			}
+			if c.Delta == nil {
+				continue
+			}
+			d := proxy.Delta{}
+			if c.Delta.Content != nil {
+				d.Content = *c.Delta.Content
+				sc.content.WriteString(d.Content)
+			}
+			if r := c.Delta.ReasoningContent; r != nil {
+				d.Reasoning = *r
+			} else if r := c.Delta.Reasoning; r != nil {
+				d.Reasoning = *r
+			}
+			sc.reasoning.WriteString(d.Reasoning)
+			for _, tc := range c.Delta.ToolCalls {
+				for len(sc.calls) <= tc.Index {
+					sc.calls = append(sc.calls, proxy.ChatToolCall{Type: "function"})
+				}
+				call := &sc.calls[tc.Index]
+				if tc.ID != "" {
+					call.ID = tc.ID
+				}
+				call.Function.Name += tc.Function.Name
+				call.Function.Arguments += tc.Function.Arguments
+				d.ToolCalls = append(d.ToolCalls, proxy.ToolCallDelta{Index: tc.Index, ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+			}
+			if c.Index == 0 && (d.Content != "" || d.Reasoning != "" || len(d.ToolCalls) > 0) {
+				if err := sink.Delta(d); err != nil {
+					return fmt.Errorf("%w: %w", proxy.ErrCallerGone, err)
+				}
+			}
+		}
+		return nil
+	})
+	res.Latency = time.Since(start)
+	finishStream(res, choices)
+	if err != nil && !errors.Is(err, errStopSSE) {
+		if errors.Is(err, proxy.ErrCallerGone) || ctx.Err() != nil {
+			return res, proxy.ErrCallerGone
+		}
+		return res, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server's stream broke: " + err.Error()}
+	}
+	if !done {
+		return res, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server closed the stream before [DONE]"}
+	}
+	if len(res.Response.Choices) == 0 {
+		return res, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server streamed no choices"}
+	}
+	return res, nil
+}
+
+// finishStream turns the accumulated choices into the result, whole or partial.
+func finishStream(res *proxy.Result, choices []*streamChoice) {
+	for i, sc := range choices {
+		msg := proxy.ChatMessage{Role: "assistant", Content: sc.content.String(), ReasoningContent: sc.reasoning.String(), ToolCalls: sc.calls}
+		res.Response.Choices = append(res.Response.Choices, proxy.Choice{Index: i, Message: msg, FinishReason: sc.finish})
+		var ids []int32
+		if sc.sawIDs {
+			ids = sc.ids
+			if ids == nil {
+				ids = []int32{}
+			}
+		}
+		var lp *choiceLogprobs
+		if sc.sawLP {
+			lp = &choiceLogprobs{}
+			for _, x := range sc.logprobs {
+				lp.Content = append(lp.Content, struct {
+					Logprob float32 `json:"logprob"`
+				}{x})
+			}
+		}
+		res.Choices = append(res.Choices, tokenData(ids, lp, res.PromptIDs))
+	}
+}
+
+func (v *Engine) CountTokens(ctx context.Context, req *proxy.ChatRequest) (int, error) {
+	model, err := v.served(ctx)
+	if err != nil {
+		return 0, err
+	}
+	body, err := json.Marshal(map[string]any{"model": model, "messages": req.Messages, "tools": req.Tools, "add_generation_prompt": true})
+	if err != nil {
+		return 0, err
+	}
+	return upstream.TokenCount(ctx, v.client(), v.BaseURL, "/tokenize", body, upstream.MapError)
+}
+
+func (v *Engine) Models(ctx context.Context) ([]string, error) {
+	return upstream.ListModels(ctx, v.client(), v.BaseURL, upstream.MapError)
+}
+
+// errStopSSE ends reading the upstream stream at its [DONE].
+var errStopSSE = errors.New("end of stream")
