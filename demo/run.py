@@ -6,7 +6,7 @@
 
 It builds the ``floe`` binary, then starts, each in its own process group:
 
-1. the reference inference server (``python -m floe_bridge.refserver``: a tiny seeded Qwen2
+1. the reference inference server (``python -m floe_refserver``: a tiny seeded Qwen2
    model, vLLM's wire format, scripted outputs),
 2. ``floe serve`` on free ports with a temporary data dir, the ``tree`` strategy, groups of
    4 sessions and 1-2 groups per step,
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             "--token-budget", str(args.token_budget),
         ], log_dir, env, stdin=True)
         disp.status("starting the reference inference server ...")
-        ref = start(state, "refserver", [sys.executable, "-m", "floe_bridge.refserver", "--port", "0",
+        ref = start(state, "refserver", [sys.executable, "-m", "floe_refserver", "--port", "0",
                                           "--threads", "1", "--log-level", "WARNING"], log_dir, env)
         ref_url = first_json_line(ref, 120)["base_url"]
         upstream = ref_url[: -len("/v1")] if ref_url.endswith("/v1") else ref_url

@@ -4,7 +4,7 @@
 The loop is trainer-bridge/examples/train_grpo.py's (read this rank's micro-batches with
 ``FloeClient.steps()`` prefetching the next step, score each with the tree mask, token-mean
 GRPO loss over the step, one optimizer step, commit, report). The one difference: the model
-is the reference inference server's (``floe_bridge.refserver.model.build_model``, same
+is the reference inference server's (``floe_refserver.model.build_model``, same
 vocabulary, same seed), so the rollout log-probabilities floe recorded are this model's own:
 ``mismatch`` (mean |logp - rollout logp| over the loss tokens) starts at float noise and
 grows only as training moves the weights away from the (never re-synced) server.
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from floe_bridge.client import FloeClient
     from floe_bridge.hf import score_logprobs
-    from floe_bridge.refserver.model import build_model
-    from floe_bridge.refserver.tokenizer import load_tokenizer
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
     from floe_bridge.torch_ops import grpo_loss, to_tensors
 
     torch.set_num_threads(args.threads)

@@ -138,7 +138,7 @@ def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     if not (BIN / "claude").exists():
         pytest.fail(f"the harness CLIs are not installed: run `npm install` in {HARNESS} (make test does)")
     tmp = tmp_path_factory.mktemp("harness")
-    ref, hello = start([sys.executable, "-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", "32768",
+    ref, hello = start([sys.executable, "-m", "floe_refserver", "--port", "0", "--max-model-len", "32768",
                         "--cache-dir", str(tmp / "tokenizer")], tmp / "refserver.log")
     upstream = hello["base_url"].removesuffix("/v1")
     calls = tmp / "calls.jsonl"

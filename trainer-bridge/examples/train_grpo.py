@@ -83,8 +83,8 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     import transformers
 
     if args.preset == "refserver":
-        from floe_bridge.refserver.model import build_model as server_model
-        from floe_bridge.refserver.tokenizer import load_tokenizer
+        from floe_refserver.model import build_model as server_model
+        from floe_refserver.tokenizer import load_tokenizer
 
         ref = server_model(len(load_tokenizer()), seed=args.seed)
         ref.config._attn_implementation = {"sdpa": "sdpa", "flex": "flex_attention"}[args.attn]
