@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
 
     from floe_bridge.client import FloeClient
     from floe_bridge.recipe import train_step
-    from floe_refserver.model import build_model
-    from floe_refserver.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
     model = build_model(len(load_tokenizer()), seed=args.seed)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from conftest import HAND, HAND_META, make_batch
 from floe_bridge import MicroBatch
+
+from conftest import HAND, HAND_META, make_batch
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,7 +28,8 @@ def tiny_model() -> Any:
         vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True, attention_dropout=0.0,
     )
-    return transformers.Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).train()
+    model = transformers.Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
+    return model.train()
 
 
 def micro_batches() -> list[MicroBatch]:
@@ -35,7 +37,8 @@ def micro_batches() -> list[MicroBatch]:
     second = dict(HAND)
     second["old_logprobs"] = [0, 0, 0, 0, -2.0, 0, -0.25, -3.0, 0, 0]
     second["advantages"] = [0, 0, 0, 0, -0.5, 0, 2.0, 2.0, 0, 0]
-    return [MicroBatch.from_record_batch(make_batch(cols, HAND_META.to_metadata())) for cols in (HAND, second)]
+    meta = HAND_META.to_metadata()
+    return [MicroBatch.from_record_batch(make_batch(cols, meta)) for cols in (HAND, second)]
 
 
 def by_hand(model: Any, opt: Any, mbs: list[MicroBatch], denom: int, s: LossSettings) -> tuple[float, int]:

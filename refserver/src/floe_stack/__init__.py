@@ -59,9 +59,11 @@ def build_floe(out_dir: str | os.PathLike[str], root: str | os.PathLike[str], go
             return _built[key]
         out = Path(out_dir) / "floe"
         try:
-            r = subprocess.run([go, "build", "-o", str(out), "./cmd/floe"], cwd=root, capture_output=True, text=True)
+            r = subprocess.run(
+                [go, "build", "-o", str(out), "./cmd/floe"], cwd=root, capture_output=True, text=True
+            )
         except FileNotFoundError as e:
-            raise RuntimeError(f"building floe needs Go ({go}: {e}) or FLOE_BIN pointing at a floe binary") from e
+            raise RuntimeError(f"building floe needs Go ({go}: {e}) or FLOE_BIN set to a floe binary") from e
         if r.returncode != 0:
             raise RuntimeError(f"go build ./cmd/floe failed:\n{r.stderr}")
         _built[key] = out
@@ -140,7 +142,8 @@ class Child:
         threading.Thread(target=read, name=f"{self.name}-hello", daemon=True).start()
         if not done.wait(timeout) or not out:
             raise RuntimeError(
-                f"{self.name} did not start within {timeout:.0f}s (exit {self.proc.poll()}); log:\n{self.tail()}"
+                f"{self.name} did not start within {timeout:.0f}s (exit {self.proc.poll()}); "
+                f"log:\n{self.tail()}"
             )
         return out
 
@@ -215,7 +218,8 @@ class Stack:
             try:
                 child.proc.wait(self.grace)
             except subprocess.TimeoutExpired:
-                print(f"{self.label}: {child.name} ignored SIGTERM for {self.grace:.0f}s; killing it", file=sys.stderr)
+                msg = f"{self.label}: {child.name} ignored SIGTERM for {self.grace:.0f}s; killing it"
+                print(msg, file=sys.stderr)
                 child.killed = True
                 _killpg(child.pid, signal.SIGKILL)
                 child.proc.wait()
