@@ -162,10 +162,10 @@ def summarize(
         sess = agent.get_json(f"{proxy}/floe/v1/sessions/{r.session_id}")
         for c in sess.get("calls") or []:
             calls_total += 1
-            if c.get("Trainable"):
+            if c.get("trainable"):
                 tree_calls += 1
-                per_request += len(c.get("PromptIDs") or []) + len(c.get("ResponseIDs") or [])
-                prompt_tokens += len(c.get("PromptIDs") or [])
+                per_request += len(c.get("prompt_ids") or []) + len(c.get("response_ids") or [])
+                prompt_tokens += len(c.get("prompt_ids") or [])
     tree_real = sum(s["real_rows"] for s in steps)
     tree_padded = sum(s["rows"] for s in steps)
     wait = sum(s["wait_s"] for s in steps)

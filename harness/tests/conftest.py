@@ -143,16 +143,16 @@ def check_token_faithful(stack: Stack, calls: list[dict[str, Any]]) -> None:
     gens = stack.generations()
     assert calls, "the session recorded no calls"
     for c in calls:
-        assert c["Trainable"], f"call {c['Index']} untrainable: {c['UntrainableReason']}"
-        match = [g for g in gens if g["prompt_token_ids"] == c["PromptIDs"] and g["token_ids"] == c["ResponseIDs"]]
-        assert match, f"call {c['Index']}: no generation of the server has these prompt and response ids"
-        assert c["Logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
+        assert c["trainable"], f"call {c['index']} untrainable: {c['untrainable_reason']}"
+        match = [g for g in gens if g["prompt_token_ids"] == c["prompt_ids"] and g["token_ids"] == c["response_ids"]]
+        assert match, f"call {c['index']}: no generation of the server has these prompt and response ids"
+        assert c["logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
 
 
 def extends(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """b's prompt starts with a's prompt + response, token for token."""
-    h = a["PromptIDs"] + a["ResponseIDs"]
-    return bool(b["PromptIDs"][: len(h)] == h)
+    h = a["prompt_ids"] + a["response_ids"]
+    return bool(b["prompt_ids"][: len(h)] == h)
 
 
 def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,7 +174,7 @@ def serve_recorded(stack: Stack, session: str, strategy: str) -> Iterator[tuple[
     path = stack.tmp / f"{session}-{strategy}.jsonl"
     with stack.calls_path.open() as src, path.open("w") as dst:
         for line in src:
-            if json.loads(line)["SessionID"] == session:
+            if json.loads(line)["session_id"] == session:
                 dst.write(line)
     with floe_stack.Stack(stack.tmp / f"serve-{session}-{strategy}", grace=20) as procs:
         _, hello = procs.start_server("corpus-serve", [
@@ -189,13 +189,13 @@ LossTerm = tuple[tuple[int, ...], int, float]
 def per_request_terms(calls: list[dict[str, Any]]) -> collections.Counter[LossTerm]:
     out: collections.Counter[LossTerm] = collections.Counter()
     for c in calls:
-        if not c["Trainable"]:
+        if not c["trainable"]:
             continue
-        seq = c["PromptIDs"] + c["ResponseIDs"]
-        for t, tok in enumerate(c["ResponseIDs"]):
-            n = len(c["PromptIDs"]) + t
+        seq = c["prompt_ids"] + c["response_ids"]
+        for t, tok in enumerate(c["response_ids"]):
+            n = len(c["prompt_ids"]) + t
             # Flight carries log-probs as float32; compare exactly at that precision.
-            out[(tuple(seq[:n]), tok, float(np.float32(c["Logprobs"][t])))] += 1
+            out[(tuple(seq[:n]), tok, float(np.float32(c["logprobs"][t])))] += 1
     return out
 
 
@@ -223,7 +223,7 @@ def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any
             got[(tuple(reversed(ctx)), int(ids[q]), float(lp[q]))] += 1
     want = per_request_terms(calls)
     assert got == want, f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
-    per_request_rows = sum(len(c["PromptIDs"]) + len(c["ResponseIDs"]) for c in calls if c["Trainable"])
+    per_request_rows = sum(len(c["prompt_ids"]) + len(c["response_ids"]) for c in calls if c["trainable"])
     return rows, per_request_rows
 
 
