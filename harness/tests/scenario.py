@@ -59,15 +59,15 @@ class Harness:
 
 
 def tool_names(c: Call) -> list[str]:
-    return [tc["function"]["name"] for tc in (c["response"] or {}).get("tool_calls") or []]
+    return [tc["function"]["name"] for tc in (c.get("response") or {}).get("tool_calls") or []]
 
 
 def content(c: Call) -> str:
-    return (c["response"] or {}).get("content") or ""
+    return (c.get("response") or {}).get("content") or ""
 
 
 def reasoning(c: Call) -> str:
-    return ((c["response"] or {}).get("reasoning_content") or "").strip()
+    return ((c.get("response") or {}).get("reasoning_content") or "").strip()
 
 
 def describe(calls: list[Call]) -> str:
