@@ -157,7 +157,7 @@ class Stack:
     trainer, floe, refserver); the others follow, the latest started first. ``label``
     prefixes the launcher's own messages on stderr."""
 
-    log_dir: Path
+    log_dir: str | os.PathLike[str]
     cwd: str | os.PathLike[str] | None = None
     env: Mapping[str, str] | None = None
     stop_order: Sequence[str] = ()
@@ -166,8 +166,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.log_dir = Path(self.log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        Path(self.log_dir).mkdir(parents=True, exist_ok=True)
 
     def start(
         self,
@@ -181,7 +180,7 @@ class Stack:
         """Start ``argv`` as ``name`` (log ``LOG_DIR/NAME.log``; a second child of the same
         name gets ``NAME-2.log``)."""
         n = sum(c.name == name for c in self.children)
-        log_path = self.log_dir / (f"{name}.log" if n == 0 else f"{name}-{n + 1}.log")
+        log_path = Path(self.log_dir) / (f"{name}.log" if n == 0 else f"{name}-{n + 1}.log")
         e = env if env is not None else self.env
         with open(log_path, "w", encoding="utf-8") as log:
             proc = subprocess.Popen(
