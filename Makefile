@@ -19,9 +19,10 @@ FUZZTIME ?= 60s
 
 VENV     := .venv
 VPY      := $(VENV)/bin/python
-# Re-run the bridge install only when its pyproject changes.
-STAMP    := $(VENV)/.floe-bridge-installed
+# Re-run the install of the bridge and the reference server only when a pyproject changes.
+STAMP    := $(VENV)/.floe-python-installed
 BRIDGE   := trainer-bridge
+REFSERVER := refserver
 
 .PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
@@ -40,20 +41,21 @@ test-go: go-deps
 	$(GO) vet ./...
 	$(GO) test -count=1 ./...
 
-# --- Python trainer bridge -------------------------------------------------
+# --- Python: trainer bridge, reference server + process launcher ------------
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BRIDGE)/pyproject.toml | $(VPY)
+$(STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade uv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test]'
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test]' -e '$(REFSERVER)[test]'
 	touch $@
 
 venv: $(STAMP)
 
 test-py: venv
 	$(VPY) -m pytest $(BRIDGE)/tests -q
+	$(VPY) -m pytest $(REFSERVER)/tests -q
 
 # The real harness CLIs from npm, installed once into harness/node_modules (git-ignored)
 # and again only when harness/package.json changes.
@@ -118,4 +120,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(VENV) $(BRIDGE)/src/*.egg-info
+	rm -rf $(VENV) $(BRIDGE)/src/*.egg-info $(REFSERVER)/src/*.egg-info

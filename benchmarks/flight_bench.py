@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from floe_stack import Stack, build_floe
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,10 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 SIZES = [("64k rows", "default", 8, 65536), ("16k rows", "small", 96, 16384)]
 
 
-def start(
-    floe: str, addr: str, corpus: str, groups: int, budget: int
-) -> tuple[subprocess.Popen[str], str, int]:
-    args = [
+def corpus_serve(floe: str, addr: str, corpus: str, groups: int, budget: int) -> list[str]:
+    return [
         floe,
         "corpus-serve",
         "-corpus",
@@ -53,10 +52,6 @@ def start(
         "-flight-addr",
         addr,
     ]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    hello = json.loads(proc.stdout.readline())
-    return proc, hello["flight"], hello["steps"]
 
 
 def batch_bytes(batch: pa.RecordBatch) -> int:
@@ -122,10 +117,7 @@ def main() -> int:
     ap.add_argument("--out", help="write a Markdown report here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        floe = args.floe
-        if floe is None:
-            floe = os.path.join(tmp, "floe")
-            subprocess.run(["go", "build", "-o", floe, "./cmd/floe"], cwd=REPO, check=True)
+        floe = args.floe or str(build_floe(tmp, REPO))
         results = {}
         for size, corpus, groups, budget in SIZES:
             for name, addr in [
@@ -133,12 +125,9 @@ def main() -> int:
                 ("unix socket", "unix:" + os.path.join(tmp, "floe.sock")),
             ]:
                 print(f"{size}, {name}: serving {groups} groups of the {corpus} corpus ...", file=sys.stderr)
-                proc, location, _ = start(floe, addr, corpus, groups, budget)
-                try:
-                    results[(size, name)] = measure(location, args.repeats)
-                finally:
-                    proc.terminate()
-                    proc.wait(timeout=10)
+                with Stack(Path(tmp) / "logs") as procs:
+                    _, hello = procs.start_server("floe", corpus_serve(floe, addr, corpus, groups, budget))
+                    results[(size, name)] = measure(hello["flight"], args.repeats)
 
     lines = [
         "| micro-batches | transport | count | rows each | MB per step | Flight MB/s | memcpy MB/s | Flight / memcpy | first batch p50 ms | p90 ms |",

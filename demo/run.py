@@ -6,7 +6,7 @@
 
 It builds the ``floe`` binary, then starts, each in its own process group:
 
-1. the reference inference server (``python -m floe_bridge.refserver``: a tiny seeded Qwen2
+1. the reference inference server (``python -m floe_refserver``: a tiny seeded Qwen2
    model, vLLM's wire format, scripted outputs),
 2. ``floe serve`` on free ports with a temporary data dir, the ``tree`` strategy, groups of
    4 sessions and 1-2 groups per step,
@@ -20,25 +20,25 @@ formed and trained and the trainer's data-wait; at the end a summary compares th
 forwarded with ``tree`` against what ``per_request`` would forward for the same recorded
 calls. Everything is stopped (SIGTERM, then SIGKILL after a grace period) on the way out,
 also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this process dies
-(PR_SET_PDEATHSIG).
+(PR_SET_PDEATHSIG). The processes are started and stopped by ``floe_stack``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+from floe_stack import Child, Stack, build_floe, refserver_argv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,116 +58,12 @@ def _on_signal(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def _pdeathsig() -> None:
-    """In the child before exec: get SIGTERM when the parent (this process) dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[str]
-    log_path: str
-
-
 @dataclass
 class State:
-    children: list[Child] = field(default_factory=list)
     steps_formed: int = 0
     step_lines: list[dict[str, Any]] = field(default_factory=list)
     floe_fill: dict[int, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def start(
-    state: State, name: str, argv: list[str], log_dir: str, env: dict[str, str] | None = None, stdin: bool = False
-) -> Child:
-    log_path = os.path.join(log_dir, f"{name}.log")
-    log = open(log_path, "w", encoding="utf-8")
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,  # Ctrl-C reaches only this process, which stops the others in order
-        preexec_fn=_pdeathsig,
-    )
-    log.close()
-    c = Child(name, proc, log_path)
-    state.children.append(c)
-    return c
-
-
-def first_json_line(c: Child, timeout: float) -> dict[str, Any]:
-    """The JSON object a server prints on stdout once it is listening."""
-    assert c.proc.stdout is not None
-    out: dict[str, Any] = {}
-    done = threading.Event()
-
-    def read() -> None:
-        assert c.proc.stdout is not None
-        for line in c.proc.stdout:
-            line = line.strip()
-            if line.startswith("{"):
-                out.update(json.loads(line))
-                break
-        done.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not done.wait(timeout) or not out:
-        raise RuntimeError(f"{c.name} did not start within {timeout:.0f}s (exit {c.proc.poll()}); log:\n{tail(c.log_path)}")
-    return out
-
-
-def tail(path: str, n: int = 25) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
-
-
-def stop_all(state: State, grace: float = 10.0) -> list[tuple[str, int | None]]:
-    """SIGTERM each child's process group, consumers first (trainer, floe, inference server),
-    wait, then SIGKILL what is left. The trainer goes first: floe serve's graceful stop waits
-    for a Flight call blocked on a step that is not READY yet."""
-    order = {"trainer": 0, "floe": 1, "refserver": 2}
-    codes = []
-    for c in sorted(state.children, key=lambda c: order.get(c.name, 9)):
-        if c.proc.poll() is None:
-            try:
-                os.killpg(c.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                c.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                print(f"demo: {c.name} ignored SIGTERM for {grace:.0f}s; killing it", file=sys.stderr)
-                try:
-                    os.killpg(c.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                c.proc.wait()
-        # a process group can outlive its leader: make sure nothing of it is left
-        try:
-            os.killpg(c.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pipe in (c.proc.stdin, c.proc.stdout):
-            if pipe is not None:
-                try:
-                    pipe.close()
-                except OSError:
-                    pass
-        codes.append((c.name, c.proc.returncode))
-    return codes
 
 
 def follow_floe_log(state: State, path: str, stop: threading.Event) -> None:
@@ -193,6 +89,7 @@ def follow_floe_log(state: State, path: str, stop: threading.Event) -> None:
 
 
 def follow_trainer(state: State, c: Child, on_step: Any, ready: threading.Event) -> None:
+    """The trainer's stdout: FLOE_READY once loaded, then one FLOE_STEP JSON line per step."""
     assert c.proc.stdout is not None
     for line in c.proc.stdout:
         if line.startswith("FLOE_READY"):
@@ -265,10 +162,10 @@ def summarize(
         sess = agent.get_json(f"{proxy}/floe/v1/sessions/{r.session_id}")
         for c in sess.get("calls") or []:
             calls_total += 1
-            if c.get("Trainable"):
+            if c.get("trainable"):
                 tree_calls += 1
-                per_request += len(c.get("PromptIDs") or []) + len(c.get("ResponseIDs") or [])
-                prompt_tokens += len(c.get("PromptIDs") or [])
+                per_request += len(c.get("prompt_ids") or []) + len(c.get("response_ids") or [])
+                prompt_tokens += len(c.get("prompt_ids") or [])
     tree_real = sum(s["real_rows"] for s in steps)
     tree_padded = sum(s["rows"] for s in steps)
     wait = sum(s["wait_s"] for s in steps)
@@ -383,17 +280,6 @@ def floe_metrics(proxy: str) -> dict[str, float]:
     return out
 
 
-def build_floe(tmp: str) -> str:
-    if os.environ.get("FLOE_BIN"):
-        return os.environ["FLOE_BIN"]
-    path = os.path.join(tmp, "floe")
-    go = os.environ.get("GO", "go")
-    r = subprocess.run([go, "build", "-o", path, "./cmd/floe"], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"go build ./cmd/floe failed:\n{r.stderr}")
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=None, help="GRPO groups of 4 sessions (default 16, 2 with --quick)")
@@ -418,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = os.path.join(tmp, "logs")
     os.makedirs(log_dir)
     state = State()
+    # the children, each in its own process group (Ctrl-C reaches only this process, which
+    # stops the others in order: the trainer first, floe serve's graceful stop waits for a
+    # Flight call blocked on a step that is not READY yet)
+    procs = Stack(log_dir, cwd=ROOT, stop_order=("trainer", "floe", "refserver"), label="demo")
     disp = Display(sys.stdout)
     stop = threading.Event()
     results: list[agent.SessionResult] = []
@@ -428,35 +318,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
               f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
         disp.status("building floe ...")
-        floe_bin = build_floe(tmp)
+        floe_bin = str(build_floe(tmp, ROOT))
 
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         # the trainer imports torch and builds its model while the servers start; it reads
         # floe's Flight location from stdin
-        trainer = start(state, "trainer", [
+        trainer = procs.start("trainer", [
             sys.executable, os.path.join(HERE, "trainer.py"), "--steps", str(n_steps),
             "--token-budget", str(args.token_budget),
-        ], log_dir, env, stdin=True)
+        ], env=env, stdin=True)
         disp.status("starting the reference inference server ...")
-        ref = start(state, "refserver", [sys.executable, "-m", "floe_bridge.refserver", "--port", "0",
-                                          "--threads", "1", "--log-level", "WARNING"], log_dir, env)
-        ref_url = first_json_line(ref, 120)["base_url"]
+        ref, hello = procs.start_server("refserver", refserver_argv("--port", "0", "--threads", "1",
+                                                                     "--log-level", "WARNING"), 120, env=env)
+        ref_url = hello["base_url"]
         upstream = ref_url[: -len("/v1")] if ref_url.endswith("/v1") else ref_url
 
         disp.status("starting floe serve ...")
-        floe = start(state, "floe", [
+        floe, addrs = procs.start_server("floe", [
             floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
             "-data-dir", os.path.join(tmp, "floe-data"), "-upstream", upstream,
             "-strategy", "tree", "-group-size", str(agent.GROUP_SIZE), "-groups-per-step", str(args.groups_per_step),
             "-steps-ahead", "2", "-token-budget", str(args.token_budget), "-pad-multiple", str(PAD_MULTIPLE),
-        ], log_dir)
-        addrs = first_json_line(floe, 60)
+        ], 60)
         proxy, flight = addrs["proxy"], addrs["flight"]
         threading.Thread(target=follow_floe_log, args=(state, floe.log_path, stop), daemon=True).start()
 
-        trainer.proc.stdin.write(flight + "\n")  # type: ignore[union-attr]
-        trainer.proc.stdin.flush()  # type: ignore[union-attr]
-        pids = [c.proc.pid for c in state.children]
+        trainer.write_line(flight)
+        pids = [c.pid for c in procs.children]
 
         def on_step(r: dict[str, Any]) -> None:
             disp.line(f"  step {r['step']}  loss {r['loss']:+.6f}  loss_tokens {r['loss_tokens']}  rows {r['real_rows']} "
@@ -469,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         disp.status("waiting for the trainer to load ...")
         while not ready.wait(0.2):
             if trainer.proc.poll() is not None:
-                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{tail(trainer.log_path)}")
+                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{trainer.tail()}")
         t_trainer = time.monotonic()
 
         progress = agent.Progress(args.groups * agent.GROUP_SIZE, args.groups)
@@ -497,11 +385,11 @@ def main(argv: list[str] | None = None) -> int:
             disp.status(line())
             for c in (ref, floe):
                 if c.proc.poll() is not None:
-                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}; log:\n{tail(c.log_path)}")
+                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}; log:\n{c.tail()}")
             if "error" in box:
                 raise RuntimeError(f"rollout driver failed: {box['error']!r}")
             if trainer.proc.poll() not in (None, 0):
-                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{tail(trainer.log_path)}")
+                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{trainer.tail()}")
             time.sleep(0.25)
         tf.join(5)
         trainer_wall = time.monotonic() - t_trainer
@@ -532,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop.set()  # the driver starts no more groups; its calls in flight end with the servers
-        codes = stop_all(state)
+        codes = procs.stop_all()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     alive = [p for p in pids if _alive(p)]
@@ -565,7 +453,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie is gone for our purposes only once reaped; we reaped our children in stop_all
+    # a zombie is gone for our purposes only once reaped; Stack.stop_all reaped our children
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             return f.read().split(")")[-1].split()[0] != "Z"

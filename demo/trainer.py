@@ -2,9 +2,10 @@
 """The demo's trainer: GRPO on the reference server's own model, from a running floe.
 
 The loop is trainer-bridge/examples/train_grpo.py's (read this rank's micro-batches with
-``FloeClient.steps()`` prefetching the next step, score each with the tree mask, token-mean
-GRPO loss over the step, one optimizer step, commit, report). The one difference: the model
-is the reference inference server's (``floe_bridge.refserver.model.build_model``, same
+``FloeClient.steps()`` prefetching the next step, one ``floe_bridge.recipe.train_step``:
+score each with the tree mask, token-mean GRPO loss over the step, one optimizer step;
+commit, report). The one difference: the model
+is the reference inference server's (``floe_refserver.model.build_model``, same
 vocabulary, same seed), so the rollout log-probabilities floe recorded are this model's own:
 ``mismatch`` (mean |logp - rollout logp| over the loss tokens) starts at float noise and
 grows only as training moves the weights away from the (never re-synced) server.
@@ -32,12 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
 
     from floe_bridge.client import FloeClient
-    from floe_bridge.hf import score_logprobs
-    from floe_bridge.refserver.model import build_model
-    from floe_bridge.refserver.tokenizer import load_tokenizer
-    from floe_bridge.torch_ops import grpo_loss, to_tensors
+    from floe_bridge.recipe import train_step
 
     torch.set_num_threads(args.threads)
     model = build_model(len(load_tokenizer()), seed=args.seed)
@@ -59,40 +59,20 @@ def main(argv: list[str] | None = None) -> int:
                 # wait_seconds does not count: count the whole wait for the first step here
                 step.wait_seconds = time.monotonic() - t_ask
             done += 1
-            t0 = time.monotonic()
-            opt.zero_grad(set_to_none=True)
-            total_loss = torch.zeros(())
-            abs_diff = torch.zeros(())
-            loss_tokens = rows = real_rows = 0
-            for mb in step.micro_batches:
-                tb = to_tensors(mb, "cpu")
-                logp = score_logprobs(model, tb, attn="sdpa")
-                lr_ = tb.loss_rows()
-                loss, m = grpo_loss(logp, tb.old_logprobs[lr_], tb.advantages[lr_], step.loss_tokens_global)
-                loss.backward()  # type: ignore[no-untyped-call]
-                total_loss += loss.detach()
-                n = int(m["loss_tokens"])
-                abs_diff += m["mismatch"] * n
-                loss_tokens += n
-                rows += tb.num_rows
-                real_rows += mb.meta.rows if mb.meta is not None and mb.meta.rows is not None else tb.num_rows
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step_s = time.monotonic() - t0
-            floe.report(step.step, rank=0, step_seconds=step_s, wait_seconds=step.wait_seconds)
-            n_mb = len(step.micro_batches)
+            f = train_step(model, opt, step.micro_batches, step.loss_tokens_global, attn="sdpa")
+            floe.report(step.step, rank=0, step_seconds=f.step_seconds, wait_seconds=step.wait_seconds)
             line = {
                 "step": step.step,
-                "loss": float(total_loss),
-                "loss_tokens": loss_tokens,
-                "micro_batches": n_mb,
-                "rows": rows,  # forwarded, padding included
-                "real_rows": real_rows,  # before padding
-                "fill": real_rows / max(n_mb * args.token_budget, 1),
+                "loss": f.loss,
+                "loss_tokens": f.loss_tokens,
+                "micro_batches": f.micro_batches,
+                "rows": f.rows,  # forwarded, padding included
+                "real_rows": f.real_rows,  # before padding
+                "fill": f.real_rows / max(f.micro_batches * args.token_budget, 1),
                 "samples": step.info.num_samples,
                 "wait_s": step.wait_seconds,
-                "step_s": step_s,
-                "mismatch": float(abs_diff) / max(loss_tokens, 1),
+                "step_s": f.step_seconds,
+                "mismatch": f.mismatch,
             }
             print("FLOE_STEP " + json.dumps(line), flush=True)
     if done < args.steps:

@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 LOG="$OUT/gpu-checks.log"
 : >"$LOG"
-export PYTHONPATH="$PWD/trainer-bridge/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/trainer-bridge/src:$PWD/refserver/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 if command -v go >/dev/null; then
 	mkdir -p bin

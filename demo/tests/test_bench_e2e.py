@@ -71,7 +71,7 @@ def test_replay_words_are_single_tokens() -> None:
     server's tokenizer, so replayed turns keep their corpus lengths."""
     import re
 
-    from floe_bridge.refserver.tokenizer import load_tokenizer
+    from floe_refserver.tokenizer import load_tokenizer
 
     src = (ROOT / "benchmarks" / "e2e" / "replay.go").read_text()
     m = re.search(r"var vocabulary = strings\.Fields\(`(.*?)`\)", src, re.S)

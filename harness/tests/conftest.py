@@ -9,9 +9,9 @@ by `make test`)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+import floe_stack
+from floe_stack import build_floe, refserver_argv
 
 HARNESS = Path(__file__).resolve().parents[1]
 REPO = HARNESS.parent
@@ -38,18 +41,6 @@ def http(method: str, url: str, body: Any = None, timeout: float = 30) -> Any:
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
     return json.loads(raw) if raw else None
-
-
-def start(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    """Start a server that prints one JSON line when ready."""
-    err = log.open("wb")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(timeout=10)
-        raise RuntimeError(f"{args[0]} exited before serving; see {log}:\n{log.read_text()[-3000:]}")
-    return proc, json.loads(line)
 
 
 @dataclass
@@ -123,14 +114,10 @@ def run_harness(args: list[str], env: dict[str, str], cwd: Path, timeout: float 
 
 @pytest.fixture(scope="session")
 def floe_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if env := os.environ.get("FLOE_BIN"):
-        return Path(env)
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail("the harness tests need Go to build floe (or FLOE_BIN)")
-    out = tmp_path_factory.mktemp("bin") / "floe"
-    subprocess.run([go, "build", "-o", str(out), "./cmd/floe"], cwd=REPO, check=True)
-    return out
+    try:
+        return build_floe(tmp_path_factory.mktemp("bin"), REPO)
+    except RuntimeError as e:
+        pytest.fail(f"the harness tests need floe: {e}")
 
 
 @pytest.fixture(scope="session")
@@ -138,21 +125,14 @@ def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     if not (BIN / "claude").exists():
         pytest.fail(f"the harness CLIs are not installed: run `npm install` in {HARNESS} (make test does)")
     tmp = tmp_path_factory.mktemp("harness")
-    ref, hello = start([sys.executable, "-m", "floe_bridge.refserver", "--port", "0", "--max-model-len", "32768",
-                        "--cache-dir", str(tmp / "tokenizer")], tmp / "refserver.log")
-    upstream = hello["base_url"].removesuffix("/v1")
-    calls = tmp / "calls.jsonl"
-    px, phello = start([str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0", "-upstream", upstream, "-record", str(calls)],
-                       tmp / "proxy.log")
-    try:
+    with floe_stack.Stack(tmp / "logs", grace=20) as procs:  # logs: refserver.log, proxy.log
+        _, hello = procs.start_server("refserver", refserver_argv(
+            "--port", "0", "--max-model-len", "32768", "--cache-dir", str(tmp / "tokenizer")))
+        upstream = hello["base_url"].removesuffix("/v1")
+        calls = tmp / "calls.jsonl"
+        _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
+                                                 "-upstream", upstream, "-record", str(calls)], timeout=60)
         yield Stack(upstream, phello["proxy"], calls, floe_bin, tmp)
-    finally:
-        for p in (px, ref):
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 # --- checks every harness must pass ---------------------------------------------------
@@ -163,16 +143,16 @@ def check_token_faithful(stack: Stack, calls: list[dict[str, Any]]) -> None:
     gens = stack.generations()
     assert calls, "the session recorded no calls"
     for c in calls:
-        assert c["Trainable"], f"call {c['Index']} untrainable: {c['UntrainableReason']}"
-        match = [g for g in gens if g["prompt_token_ids"] == c["PromptIDs"] and g["token_ids"] == c["ResponseIDs"]]
-        assert match, f"call {c['Index']}: no generation of the server has these prompt and response ids"
-        assert c["Logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
+        assert c["trainable"], f"call {c['index']} untrainable: {c['untrainable_reason']}"
+        match = [g for g in gens if g["prompt_token_ids"] == c["prompt_ids"] and g["token_ids"] == c["response_ids"]]
+        assert match, f"call {c['index']}: no generation of the server has these prompt and response ids"
+        assert c["logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
 
 
 def extends(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """b's prompt starts with a's prompt + response, token for token."""
-    h = a["PromptIDs"] + a["ResponseIDs"]
-    return bool(b["PromptIDs"][: len(h)] == h)
+    h = a["prompt_ids"] + a["response_ids"]
+    return bool(b["prompt_ids"][: len(h)] == h)
 
 
 def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -187,17 +167,20 @@ def main_chain(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [c for k, c in enumerate(calls) if k in chained]
 
 
-def serve_recorded(stack: Stack, session: str, strategy: str) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """floe corpus-serve over this session's recorded calls."""
+@contextlib.contextmanager
+def serve_recorded(stack: Stack, session: str, strategy: str) -> Iterator[tuple[str, Path]]:
+    """floe corpus-serve over this session's recorded calls: (its Flight location, the
+    calls file), stopped on leaving the block."""
     path = stack.tmp / f"{session}-{strategy}.jsonl"
     with stack.calls_path.open() as src, path.open("w") as dst:
         for line in src:
-            if json.loads(line)["SessionID"] == session:
+            if json.loads(line)["session_id"] == session:
                 dst.write(line)
-    proc, hello = start([str(stack.floe), "corpus-serve", "-calls", str(path), "-strategy", strategy,
-                         "-flight-addr", "127.0.0.1:0", "-token-budget", "65536", "-pad-multiple", "16"],
-                        stack.tmp / f"serve-{session}-{strategy}.log")
-    return proc, hello["flight"], path
+    with floe_stack.Stack(stack.tmp / f"serve-{session}-{strategy}", grace=20) as procs:
+        _, hello = procs.start_server("corpus-serve", [
+            str(stack.floe), "corpus-serve", "-calls", str(path), "-strategy", strategy,
+            "-flight-addr", "127.0.0.1:0", "-token-budget", "65536", "-pad-multiple", "16"], timeout=60)
+        yield hello["flight"], path
 
 
 LossTerm = tuple[tuple[int, ...], int, float]
@@ -206,13 +189,13 @@ LossTerm = tuple[tuple[int, ...], int, float]
 def per_request_terms(calls: list[dict[str, Any]]) -> collections.Counter[LossTerm]:
     out: collections.Counter[LossTerm] = collections.Counter()
     for c in calls:
-        if not c["Trainable"]:
+        if not c["trainable"]:
             continue
-        seq = c["PromptIDs"] + c["ResponseIDs"]
-        for t, tok in enumerate(c["ResponseIDs"]):
-            n = len(c["PromptIDs"]) + t
+        seq = c["prompt_ids"] + c["response_ids"]
+        for t, tok in enumerate(c["response_ids"]):
+            n = len(c["prompt_ids"]) + t
             # Flight carries log-probs as float32; compare exactly at that precision.
-            out[(tuple(seq[:n]), tok, float(np.float32(c["Logprobs"][t])))] += 1
+            out[(tuple(seq[:n]), tok, float(np.float32(c["logprobs"][t])))] += 1
     return out
 
 
@@ -221,13 +204,9 @@ def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any
     per-request loss terms and forward fewer rows. Returns (tree rows, per-request rows)."""
     from floe_bridge import FloeClient
 
-    proc, location, _ = serve_recorded(stack, session, "tree")
-    try:
-        with FloeClient(location, rank=0, world_size=1, timeout=60) as client:
-            step = client.read_step(0)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with serve_recorded(stack, session, "tree") as (location, _), \
+            FloeClient(location, rank=0, world_size=1, timeout=60) as client:
+        step = client.read_step(0)
     got: collections.Counter[LossTerm] = collections.Counter()
     rows = 0
     for mb in step.micro_batches:
@@ -244,7 +223,7 @@ def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any
             got[(tuple(reversed(ctx)), int(ids[q]), float(lp[q]))] += 1
     want = per_request_terms(calls)
     assert got == want, f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
-    per_request_rows = sum(len(c["PromptIDs"]) + len(c["ResponseIDs"]) for c in calls if c["Trainable"])
+    per_request_rows = sum(len(c["prompt_ids"]) + len(c["response_ids"]) for c in calls if c["trainable"])
     return rows, per_request_rows
 
 

@@ -59,21 +59,21 @@ class Harness:
 
 
 def tool_names(c: Call) -> list[str]:
-    return [tc["function"]["name"] for tc in (c["Response"] or {}).get("tool_calls") or []]
+    return [tc["function"]["name"] for tc in (c.get("response") or {}).get("tool_calls") or []]
 
 
 def content(c: Call) -> str:
-    return (c["Response"] or {}).get("content") or ""
+    return (c.get("response") or {}).get("content") or ""
 
 
 def reasoning(c: Call) -> str:
-    return ((c["Response"] or {}).get("reasoning_content") or "").strip()
+    return ((c.get("response") or {}).get("reasoning_content") or "").strip()
 
 
 def describe(calls: list[Call]) -> str:
     return "\n".join(
-        f"call {c['Index']}: api {c['API']} prompt {len(c['PromptIDs'])} response {len(c['ResponseIDs'])} "
-        f"finish {c['FinishReason']} tools {tool_names(c)} v{c['PolicyVersion']} trainable {c['Trainable']}"
+        f"call {c['index']}: api {c['api']} prompt {len(c['prompt_ids'])} response {len(c['response_ids'])} "
+        f"finish {c['finish_reason']} tools {tool_names(c)} v{c['policy_version']} trainable {c['trainable']}"
         for c in calls)
 
 
@@ -144,13 +144,13 @@ def run_read_task(stack: Stack, h: Harness) -> ReadTask:
 
     # 1. every call carries exactly the server's prompt ids, response ids and log-probs
     check_token_faithful(stack, calls)
-    assert all(c["API"] == h.api for c in calls), describe(calls)
+    assert all(c["api"] == h.api for c in calls), describe(calls)
 
     # 2. the two scripted calls form the main chain; anything else is a side call of its own
     first = only(calls, f"called {h.tool}", lambda c: h.tool in tool_names(c))
     last = only(calls, "answered", lambda c: ANSWER in content(c))
     assert tool_names(first) == [h.tool], describe(calls)
-    assert first["FinishReason"] == "tool_calls" and last["FinishReason"] == "stop", describe(calls)
+    assert first["finish_reason"] == "tool_calls" and last["finish_reason"] == "stop", describe(calls)
     assert reasoning(first) == REASONING and reasoning(last) == FINAL, "the scripted reasoning was not parsed"
     chain = main_chain(calls)
     assert len(chain) == 2 and first in chain and last in chain, describe(calls)
@@ -158,9 +158,9 @@ def run_read_task(stack: Stack, h: Harness) -> ReadTask:
     # harness echoed the reasoning and the tool call unchanged and floe rendered them back
     # exactly as sampled, followed by the tool's result.
     assert extends(first, last), describe(calls)
-    assert len(last["PromptIDs"]) > len(first["PromptIDs"]) + len(first["ResponseIDs"]), describe(calls)
+    assert len(last["prompt_ids"]) > len(first["prompt_ids"]) + len(first["response_ids"]), describe(calls)
     for side in (c for c in calls if c not in chain):
-        assert not extends(side, last), f"side call {side['Index']} in the conversation's prefix"
+        assert not extends(side, last), f"side call {side['index']} in the conversation's prefix"
 
     # 3. tree micro-batches over Flight decode to the per-request loss terms, fewer rows
     rows, per_request = check_tree_over_flight(stack, s.id, calls)
@@ -219,12 +219,12 @@ def run_weight_sync(stack: Stack, h: Harness, env: dict[str, str] | None = None)
     assert ANSWER in out, exited(h, proc.returncode, out, err, calls)
     assert len(calls) == 3, describe(calls)
     assert stack.script_left() == 0, describe(calls)
-    assert [c["PolicyVersion"] for c in calls[:held]] == [version] * held
-    assert [c["PolicyVersion"] for c in calls[held:]] == [version + 1] * (3 - held)
+    assert [c["policy_version"] for c in calls[:held]] == [version] * held
+    assert [c["policy_version"] for c in calls[held:]] == [version + 1] * (3 - held)
     # The first call after the pause reached floe while it was paused, and was held there.
-    assert seconds(calls[held]["Started"]) < resumed < seconds(calls[held]["Finished"]), json.dumps(
-        {k: calls[held][k] for k in ("Started", "Finished")})
+    assert seconds(calls[held]["started"]) < resumed < seconds(calls[held]["finished"]), json.dumps(
+        {k: calls[held][k] for k in ("started", "finished")})
     check_token_faithful(stack, calls)
-    assert all(c["API"] == h.api for c in calls), describe(calls)
+    assert all(c["api"] == h.api for c in calls), describe(calls)
     assert len(main_chain(calls)) == 3 and extends(calls[0], calls[1]) and extends(calls[1], calls[2])
     return WeightSync(s, calls, version, held)

@@ -51,10 +51,10 @@ CLAUDE_CODE = Harness(
 def test_claude_code_reads_file(stack: Stack) -> None:
     run = run_read_task(stack, CLAUDE_CODE)
     for c in run.calls:
-        assert len(c["PromptIDs"]) + len(c["ResponseIDs"]) <= 32768
+        assert len(c["prompt_ids"]) + len(c["response_ids"]) <= 32768
     # The answer's prompt extends the read's token for token (checked by run_read_task):
     # the thinking block came back with floe's signature and the tool_use input unchanged.
-    echoed = run.last["Request"]["messages"]
+    echoed = run.last["request"]["messages"]
     thinking = [b for m in echoed if m["role"] == "assistant" and isinstance(m["content"], list)
                 for b in m["content"] if b.get("type") == "thinking"]
     assert thinking and all(b.get("signature", "").startswith("floe1.") for b in thinking), thinking

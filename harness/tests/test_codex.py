@@ -65,7 +65,7 @@ def test_codex(stack: Stack) -> None:
     # The answer's prompt extends the read's token for token (checked by run_read_task):
     # Codex echoed the reasoning item (floe's encrypted_content), the function_call and its
     # output, and floe rendered them back exactly.
-    sent = json.dumps(run.last["Request"]["input"])
+    sent = json.dumps(run.last["request"]["input"])
     assert "encrypted_content" in sent and "floe1." in sent, "Codex did not echo the reasoning item"
 
 

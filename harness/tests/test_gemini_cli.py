@@ -52,7 +52,7 @@ def test_gemini_cli_reads_file(stack: Stack) -> None:
     run = run_read_task(stack, GEMINI_CLI)
     # The answer's prompt extends the read's token for token (checked by run_read_task):
     # the reasoning came back in the thoughtSignature and the functionCall args unchanged.
-    echoed = run.last["Request"]["contents"]
+    echoed = run.last["request"]["contents"]
     signatures = [part["thoughtSignature"] for content in echoed if content.get("role") == "model"
                   for part in content["parts"] if "thoughtSignature" in part]
     # base64("floe1.") = "ZmxvZTEu": floe's own signature

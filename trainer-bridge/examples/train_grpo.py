@@ -8,7 +8,8 @@ The model is built from a config (seeded, no download); use ``floe corpus-serve
 rank's micro-batches, scores each as one sequence with the tree mask
 (``floe_bridge.hf.score_logprobs``), accumulates the token-mean GRPO loss over the
 micro-batches (``grpo_loss`` divides by the step's ``loss_tokens_global``), takes one
-optimizer step, commits the step and reports its timings. One line per step:
+optimizer step (all of it ``floe_bridge.recipe.train_step``), commits the step and reports
+its timings. One line per step:
 
     step 0 loss 0.012345 loss_tokens 1463 rows 3120 wait_s 0.004 step_s 0.812 mismatch 5.1234
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 
@@ -83,8 +83,8 @@ def build_model(args: argparse.Namespace, device: Any) -> Any:
     import transformers
 
     if args.preset == "refserver":
-        from floe_bridge.refserver.model import build_model as server_model
-        from floe_bridge.refserver.tokenizer import load_tokenizer
+        from floe_refserver.model import build_model as server_model
+        from floe_refserver.tokenizer import load_tokenizer
 
         ref = server_model(len(load_tokenizer()), seed=args.seed)
         ref.config._attn_implementation = {"sdpa": "sdpa", "flex": "flex_attention"}[args.attn]
@@ -119,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from floe_bridge.client import FloeClient
-    from floe_bridge.hf import score_logprobs
-    from floe_bridge.torch_ops import grpo_loss, to_tensors
+    from floe_bridge.recipe import LossSettings, train_step
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = build_model(args, device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     world_size = 1  # one process; under DDP pass the world size and read this rank's share
+    settings = LossSettings(
+        clip_low=args.clip_low, clip_high=args.clip_high, tis_cap=args.tis_cap, world_size=world_size
+    )
 
     with FloeClient(args.location, args.token, rank=0, world_size=world_size, timeout=args.timeout) as floe:
         # steps() reads the next step while this one trains, and commits each step when the
@@ -133,51 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         done = 0
         for step in floe.steps(count=args.steps):
             done += 1
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.monotonic()
-            opt.zero_grad(set_to_none=True)
-            total_loss = torch.zeros((), device=device)
-            abs_diff = torch.zeros((), device=device)
-            loss_tokens = rows = 0
-            for mb in step.micro_batches:
-                tb = to_tensors(mb, device)
-                logp = score_logprobs(model, tb, attn=args.attn, block_size=args.block_size)
-                loss_rows = tb.loss_rows()
-                loss, m = grpo_loss(
-                    logp,
-                    tb.old_logprobs[loss_rows],
-                    tb.advantages[loss_rows],
-                    step.loss_tokens_global,
-                    clip_low=args.clip_low,
-                    clip_high=args.clip_high,
-                    tis_cap=args.tis_cap,
-                    world_size=world_size,
-                )
-                loss.backward()  # type: ignore[no-untyped-call]  # accumulate: the losses already sum to the step's token-mean
-                total_loss += loss.detach()
-                n = int(m["loss_tokens"])
-                abs_diff += m["mismatch"] * n
-                loss_tokens += n
-                rows += tb.num_rows
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            step_s = time.monotonic() - t0
-            peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else 0
+            f = train_step(
+                model, opt, step.micro_batches, step.loss_tokens_global,
+                loss=settings, device=device, attn=args.attn, block_size=args.block_size,
+            )
             floe.report(
                 step.step,
                 rank=0,
-                peak_memory_bytes=peak,
-                step_seconds=step_s,
+                peak_memory_bytes=f.peak_memory_bytes,
+                step_seconds=f.step_seconds,
                 wait_seconds=step.wait_seconds,
-                loss=float(total_loss),
+                loss=f.loss,
             )
-            mismatch = float(abs_diff) / max(loss_tokens, 1)
             print(
-                f"step {step.step} loss {float(total_loss):.6f} loss_tokens {loss_tokens} rows {rows} "
-                f"wait_s {step.wait_seconds:.3f} step_s {step_s:.3f} mismatch {mismatch:.4f}",
+                f"step {step.step} loss {f.loss:.6f} loss_tokens {f.loss_tokens} rows {f.rows} "
+                f"wait_s {step.wait_seconds:.3f} step_s {f.step_seconds:.3f} mismatch {f.mismatch:.4f}",
                 flush=True,
             )
     if done < args.steps:

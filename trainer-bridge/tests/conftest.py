@@ -128,11 +128,10 @@ def make_random_tree() -> Callable[[np.random.Generator, int, int], RandomTree]:
 # --- a real floe Flight server -------------------------------------------------------
 
 import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from floe_stack import Child, Stack, build_floe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,7 +144,7 @@ class FloeServer:
     steps: int
     token: str | None
     groups_path: Path
-    proc: subprocess.Popen[str]
+    proc: Child
 
     def groups(self) -> list[dict]:  # type: ignore[type-arg]
         """The corpus the steps were formed from, as ``floe corpus-serve -dump-groups`` wrote it."""
@@ -155,14 +154,10 @@ class FloeServer:
 @pytest.fixture(scope="session")
 def floe_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The floe binary: $FLOE_BIN, or built from this checkout once per test session."""
-    if env := os.environ.get("FLOE_BIN"):
-        return Path(env)
-    go = shutil.which("go")
-    if go is None:
-        pytest.fail("the Flight tests need Go to build floe (or FLOE_BIN pointing at a floe binary)")
-    out = tmp_path_factory.mktemp("bin") / "floe"
-    subprocess.run([go, "build", "-o", str(out), "./cmd/floe"], cwd=REPO, check=True)
-    return out
+    try:
+        return build_floe(tmp_path_factory.mktemp("bin"), REPO)
+    except RuntimeError as e:
+        pytest.fail(f"the Flight tests need floe: {e}")
 
 
 @pytest.fixture
@@ -170,28 +165,16 @@ def floe_server(floe_bin: Path, tmp_path: Path) -> Iterator[Callable[..., FloeSe
     """Factory: ``floe_server(strategy="tree", dp_size=2, ...)`` starts ``floe corpus-serve``
     on a free loopback port with those flags (underscores become dashes) and returns once it
     serves. Every server started is stopped at the end of the test."""
-    procs: list[subprocess.Popen[str]] = []
+    with Stack(tmp_path / "logs") as procs:
 
-    def start(**flags: object) -> FloeServer:
-        dump = tmp_path / f"groups-{len(procs)}.json"
-        args = [str(floe_bin), "corpus-serve", "-flight-addr", "127.0.0.1:0", "-dump-groups", str(dump)]
-        for k, v in flags.items():
-            args += [f"-{k.replace('_', '-')}", str(v)]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            _, err = proc.communicate(timeout=10)
-            raise RuntimeError(f"floe corpus-serve exited before serving: {err}")
-        ready = json.loads(line)
-        token = flags.get("flight_token")
-        return FloeServer(ready["flight"], ready["steps"], None if token is None else str(token), dump, proc)
+        def start(**flags: object) -> FloeServer:
+            dump = tmp_path / f"groups-{len(procs.children)}.json"
+            args = [str(floe_bin), "corpus-serve", "-flight-addr", "127.0.0.1:0", "-dump-groups", str(dump)]
+            for k, v in flags.items():
+                args += [f"-{k.replace('_', '-')}", str(v)]
+            proc, ready = procs.start_server("floe", args, timeout=60)
+            token = flags.get("flight_token")
+            tok = None if token is None else str(token)
+            return FloeServer(ready["flight"], ready["steps"], tok, dump, proc)
 
-    yield start
-    for p in procs:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        yield start

@@ -2,8 +2,9 @@
 
 This package needs only pyarrow and numpy: the Arrow schemas, the micro-batch view and the
 Flight client. The torch parts are submodules that import torch: ``floe_bridge.torch_ops``
-(tensors, tree masks, log-prob gather, GRPO loss) and ``floe_bridge.hf`` (scoring with a
-Hugging Face ``transformers`` causal LM).
+(tensors, tree masks, log-prob gather, GRPO loss), ``floe_bridge.hf`` (scoring with a
+Hugging Face ``transformers`` causal LM) and ``floe_bridge.recipe`` (one GRPO training step
+over a step's micro-batches).
 """
 
 from .batch import (

@@ -2,7 +2,7 @@
 wire format exactly (token ids, log-probs, reasoning and hermes tool-call parsing), backed
 by a real tiny model (a seeded Qwen2 over a byte-level BPE trained on a shipped corpus).
 
-Run it with ``python -m floe_bridge.refserver``; see ``__main__`` for the flags. Needs the
+Run it with ``python -m floe_refserver``; see ``__main__`` for the flags. Needs the
 ``torch`` extra (torch, transformers, tokenizers).
 """
 

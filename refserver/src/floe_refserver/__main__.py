@@ -1,4 +1,4 @@
-"""``python -m floe_bridge.refserver``: serve the reference model.
+"""``python -m floe_refserver``: serve the reference model.
 
 Prints one JSON line ``{"base_url": "http://HOST:PORT/v1"}`` on stdout once it accepts
 connections (``--port 0`` picks a free port), logs to stderr, exits cleanly on SIGTERM or
@@ -22,11 +22,11 @@ from .model import Engine, build_model
 from .server import RefServer, make_server
 from .tokenizer import load_tokenizer
 
-log = logging.getLogger("floe_bridge.refserver")
+log = logging.getLogger("floe_refserver")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m floe_bridge.refserver", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m floe_refserver", description=__doc__)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     ap.add_argument("--model-name", default="floe-ref", help="the served model name")

@@ -21,7 +21,7 @@ from .model import Engine, TokenLogprob
 from .parser import OutputParser, _id
 from .tokenizer import ENDOFTEXT, IM_END, render, render_assistant_turn, token_bytes
 
-log = logging.getLogger("floe_bridge.refserver")
+log = logging.getLogger("floe_refserver")
 
 
 class APIError(Exception):

@@ -117,7 +117,7 @@ CHAT_TEMPLATE = (
 
 def corpus_bytes() -> bytes:
     """The shipped training text."""
-    return resources.files("floe_bridge.refserver").joinpath("data/corpus.txt").read_bytes()
+    return resources.files("floe_refserver").joinpath("data/corpus.txt").read_bytes()
 
 
 def _params() -> dict[str, Any]:

@@ -9,8 +9,6 @@ token: reasoning and tool calls survived the round trip through the SDK."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import floe_stack
+from floe_stack import refserver_argv
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -59,30 +60,17 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return json.load(r)  # type: ignore[no-any-return]
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.kill()
-        raise RuntimeError(f"{args[0]} exited before serving")
-    return proc, json.loads(line)
-
-
 @pytest.fixture(scope="module")
 def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("proxy")
-    ref, hello = _start([sys.executable, "-m", "floe_bridge.refserver", "--port", "0", "--cache-dir", str(tmp / "tok")])
-    upstream = hello["base_url"].removesuffix("/v1")
-    calls = tmp / "calls.jsonl"
-    px, phello = _start([str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0", "-upstream", upstream,
-                         "-session", f"{KEY}={SESSION}", "-record", str(calls)])
-    try:
+    with floe_stack.Stack(tmp / "logs", grace=20) as procs:
+        _, hello = procs.start_server("refserver", refserver_argv("--port", "0", "--cache-dir", str(tmp / "tok")))
+        upstream = hello["base_url"].removesuffix("/v1")
+        calls = tmp / "calls.jsonl"
+        _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
+                                                 "-upstream", upstream, "-session", f"{KEY}={SESSION}",
+                                                 "-record", str(calls)])
         yield Stack(phello["proxy"], upstream, calls)
-    finally:
-        for p in (px, ref):
-            p.terminate()
-            p.wait(timeout=20)
 
 
 def check_recorded(stack: Stack, before: int, n: int) -> list[dict[str, Any]]:
@@ -91,15 +79,15 @@ def check_recorded(stack: Stack, before: int, n: int) -> list[dict[str, Any]]:
     gens = stack.generations()[-n:]
     assert len(calls) == n, f"{len(calls)} calls recorded, want {n}"
     for c, g in zip(calls, gens, strict=True):
-        assert c["SessionID"] == SESSION and c["Trainable"], c.get("UntrainableReason")
-        assert c["PromptIDs"] == g["prompt_token_ids"]
-        assert c["ResponseIDs"] == g["token_ids"]
-        assert c["Logprobs"] == pytest.approx(g["logprobs"], rel=1e-6, abs=1e-6)
+        assert c["session_id"] == SESSION and c["trainable"], c.get("untrainable_reason")
+        assert c["prompt_ids"] == g["prompt_token_ids"]
+        assert c["response_ids"] == g["token_ids"]
+        assert c["logprobs"] == pytest.approx(g["logprobs"], rel=1e-6, abs=1e-6)
     first, second = calls[0], calls[1]
-    history = first["PromptIDs"] + first["ResponseIDs"]
-    assert second["PromptIDs"][: len(history)] == history, (
+    history = first["prompt_ids"] + first["response_ids"]
+    assert second["prompt_ids"][: len(history)] == history, (
         "the second prompt does not extend the first call token for token: "
-        f"first difference at {next(i for i, (a, b) in enumerate(zip(second['PromptIDs'], history)) if a != b)}"
+        f"first difference at {next(i for i, (a, b) in enumerate(zip(second['prompt_ids'], history)) if a != b)}"
     )
     return calls
 
@@ -246,5 +234,5 @@ def test_streaming_and_not_record_the_same_call(stack: Stack) -> None:
         else:
             client.chat.completions.create(model="m", messages=messages)
     a, b = stack.calls()[before:]
-    for k in ("PromptIDs", "ResponseIDs", "Logprobs", "FinishReason", "Trainable"):
+    for k in ("prompt_ids", "response_ids", "logprobs", "finish_reason", "trainable"):
         assert a[k] == b[k], k

@@ -1,13 +1,10 @@
-"""The reference inference server (floe_bridge.refserver): tokenizer, chat template, and the
+"""The reference inference server (floe_refserver): tokenizer, chat template, and the
 vLLM wire format over HTTP against a real subprocess."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +16,7 @@ import openai
 import pytest
 import torch
 
-from floe_bridge.refserver import (
+from floe_refserver import (
     build_model,
     load_tokenizer,
     render,
@@ -27,6 +24,7 @@ from floe_bridge.refserver import (
     tokenizer_json_path,
     train_tokenizer,
 )
+from floe_stack import Child, Stack, refserver_argv
 
 TOOLS: Any = [
     {
@@ -80,33 +78,25 @@ def tok(cache_dir: Path) -> Any:
     return load_tokenizer(cache_dir)
 
 
+def stop_cleanly(st: Stack, child: Child) -> None:
+    """SIGTERM must end the server with exit 0 within the grace period."""
+    rc = st.stop(child)
+    if child.killed:
+        pytest.fail("refserver did not exit on SIGTERM")
+    assert rc == 0, child.tail(50)
+
+
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[str]:
+def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A refserver subprocess on a free port; yields its base URL (…/v1). Teardown sends
     SIGTERM and requires a clean exit."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "floe_bridge.refserver", "--port", "0", "--cache-dir", str(cache_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        _, err = proc.communicate(timeout=10)
-        pytest.fail(f"refserver did not start: {err[-3000:]}")
-    base = json.loads(line)["base_url"]
-    try:
-        yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    with Stack(tmp_path_factory.mktemp("refserver-logs"), grace=20) as st:
         try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail("refserver did not exit on SIGTERM")
-        assert rc == 0, proc.stderr.read() if proc.stderr else rc
+            proc, hello = st.start_server("refserver", refserver_argv("--port", "0", "--cache-dir", str(cache_dir)))
+        except RuntimeError as e:
+            pytest.fail(f"refserver did not start: {e}")
+        yield hello["base_url"]
+        stop_cleanly(st, proc)
 
 
 def root(base: str) -> str:
@@ -488,29 +478,13 @@ def test_script_file_and_n(tmp_path: Path, cache_dir: Path, tok: Any) -> None:
     leaves the turn open."""
     path = tmp_path / "script.json"
     path.write_text(json.dumps([{"content": "one"}, {"content": "two", "finish": "length"}]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "floe_bridge.refserver",
-            "--port",
-            "0",
-            "--cache-dir",
-            str(cache_dir),
-            "--script",
-            str(path),
-            "--model-name",
-            "m2",
-            "--max-model-len",
-            "512",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    argv = refserver_argv(
+        "--port", "0", "--cache-dir", str(cache_dir), "--script", str(path), "--model-name", "m2",
+        "--max-model-len", "512",
     )
-    try:
-        assert proc.stdout is not None
-        base = json.loads(proc.stdout.readline())["base_url"]
+    with Stack(tmp_path / "logs", grace=20) as st:
+        proc, hello = st.start_server("refserver", argv)
+        base = hello["base_url"]
         assert call("GET", root(base) + "/script")[1] == {"remaining": 2}
         res = post(
             base + "/chat/completions", {"model": "m2", "messages": USER, "n": 2, "return_token_ids": True}
@@ -522,9 +496,7 @@ def test_script_file_and_n(tmp_path: Path, cache_dir: Path, tok: Any) -> None:
         assert res["model"] == "m2"
         status, err = call("POST", base + "/chat/completions", {"model": "other", "messages": USER})
         assert status == 404 and err["type"] == "NotFoundError"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        stop_cleanly(st, proc)
 
 
 if os.environ.get("FLOE_REFSERVER_TIMINGS"):  # pragma: no cover - manual measurement aid
