@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["left_running"] = alive
         print_summary(summary, sys.stdout)
         print(f"\nstopped: {stopped}; nothing left running" if not alive else f"\nstill running: {alive}")
-        print("packing benchmark on the synthetic corpus (the former `make demo`): make bench-report  or  go run ./cmd/floe bench")
+        print("packing benchmark on the synthetic corpus (the former `make demo`): make bench-report  or  go run ./cmd/floe-bench")
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=1)

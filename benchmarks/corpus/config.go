@@ -129,7 +129,7 @@ func Medium() Config {
 
 // CPU is Default's agent (its event rates, its shape of sessions) at about a twentieth of
 // its context: system prompts of 200–600 tokens, compaction at 2,400, contexts up to
-// 3,000. Sized for end-to-end runs whose trainer is on a CPU (floe bench e2e), where
+// 3,000. Sized for end-to-end runs whose trainer is on a CPU (floe-bench e2e), where
 // Small's frequent events would understate what merging prefixes buys.
 func CPU() Config {
 	c := Default()

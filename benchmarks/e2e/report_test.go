@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-const testCommand = "floe bench e2e -out benchmarks/results/e2e-test -seed 7 -token-budget 65536"
+const testCommand = "floe-bench e2e -out benchmarks/results/e2e-test -seed 7 -token-budget 65536"
 
 // testRuns builds three runs whose totals and ratios are easy to check by hand:
 // rows 153,600 / 38,400 / 15,360 (4.00x, 10.00x), attention cost rows×100 / ×30 / ×20
