@@ -79,6 +79,23 @@ func DefaultConfig() Config {
 	}
 }
 
+// Validate reports a configuration floe serve cannot run with.
+func (cfg Config) Validate() error {
+	if err := cfg.Batcher.Validate(); err != nil {
+		return err
+	}
+	if err := cfg.policy().Validate(); err != nil {
+		return err
+	}
+	if cfg.StepsAhead < 1 {
+		return fmt.Errorf("steps ahead (%d) must be at least 1", cfg.StepsAhead)
+	}
+	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
+		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
+	}
+	return nil
+}
+
 // budgetController builds the auto budget's controller; nil with a fixed budget.
 func (cfg Config) budgetController(mon *gpu.Monitor) (*gpu.BudgetController, error) {
 	if !cfg.TokenBudgetAuto {
@@ -112,17 +129,8 @@ type Addrs struct {
 // formed again from their groups with the budget they were formed with, byte for byte
 // as before, and committed steps are never served again.
 func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
-	if err := cfg.Batcher.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return err
-	}
-	if err := cfg.policy().Validate(); err != nil {
-		return err
-	}
-	if cfg.StepsAhead < 1 {
-		return fmt.Errorf("steps ahead (%d) must be at least 1", cfg.StepsAhead)
-	}
-	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
-		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
 	}
 	if cfg.Engine == "" {
 		cfg.Engine = "vllm"

@@ -203,24 +203,7 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 			return fmt.Errorf("%w: %s is not a floe store (no meta bucket)", ErrFormat, path)
 		}
 		if meta == nil {
-			empty := true
-			tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
-			if !empty {
-				return fmt.Errorf("%w: %s is a bbolt database without floe's meta bucket: not a floe store", ErrFormat, path)
-			}
-			m, err := tx.CreateBucket(bMeta)
-			if err != nil {
-				return err
-			}
-			if err := m.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion)); err != nil {
-				return err
-			}
-			for _, b := range [][]byte{bKeys, bSessions, bGroups, bSteps} {
-				if _, err := tx.CreateBucket(b); err != nil {
-					return err
-				}
-			}
-			return putJSON(m, kUsage, Totals{})
+			return createMeta(tx, path)
 		}
 		v := meta.Get(kFormat)
 		if len(v) != 4 {
@@ -245,26 +228,7 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 			}
 			return nil
 		}
-		if got == 1 {
-			// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
-			// absent (zero) in old records.
-			t, err := countTotals(tx)
-			if err != nil {
-				return err
-			}
-			if err := putJSON(meta, kUsage, t); err != nil {
-				return err
-			}
-		}
-		// Version 2 -> 3: the budgets file into the step records. Also on a format 3 store
-		// whose upgrade crashed before the file was removed: the same values again.
-		if err := applyBudgets(tx, budgets, budgetsPath); err != nil {
-			return err
-		}
-		if got == FormatVersion {
-			return nil
-		}
-		return meta.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion))
+		return upgrade(tx, meta, got, budgets, budgetsPath)
 	})
 	if err != nil {
 		return nil, err
@@ -284,6 +248,53 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 		return nil, fmt.Errorf("trace store: %w", err)
 	}
 	return nil, nil
+}
+
+// createMeta makes an empty database a floe store of the current format; a bbolt file
+// holding anything else is refused.
+func createMeta(tx *bolt.Tx, path string) error {
+	empty := true
+	tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
+	if !empty {
+		return fmt.Errorf("%w: %s is a bbolt database without floe's meta bucket: not a floe store", ErrFormat, path)
+	}
+	m, err := tx.CreateBucket(bMeta)
+	if err != nil {
+		return err
+	}
+	if err := m.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion)); err != nil {
+		return err
+	}
+	for _, b := range [][]byte{bKeys, bSessions, bGroups, bSteps} {
+		if _, err := tx.CreateBucket(b); err != nil {
+			return err
+		}
+	}
+	return putJSON(m, kUsage, Totals{})
+}
+
+// upgrade brings a store of format got to the current one, in the open transaction.
+func upgrade(tx *bolt.Tx, meta *bolt.Bucket, got uint32, budgets map[int64]int, budgetsPath string) error {
+	if got == 1 {
+		// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
+		// absent (zero) in old records.
+		t, err := countTotals(tx)
+		if err != nil {
+			return err
+		}
+		if err := putJSON(meta, kUsage, t); err != nil {
+			return err
+		}
+	}
+	// Version 2 -> 3: the budgets file into the step records. Also on a format 3 store
+	// whose upgrade crashed before the file was removed: the same values again.
+	if err := applyBudgets(tx, budgets, budgetsPath); err != nil {
+		return err
+	}
+	if got == FormatVersion {
+		return nil
+	}
+	return meta.Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion))
 }
 
 // readBudgets reads an older floe's BudgetsFile at path: nil when there is none. A file
