@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/internal/ssetest"
 	"github.com/floe-rl/floe/proxy/openai"
 	"github.com/floe-rl/floe/proxy/vllm"
 	"github.com/floe-rl/floe/trace"
@@ -215,15 +216,6 @@ func (f *fixture) post(t *testing.T, path, key, body string) *http.Response {
 
 const chatBody = `{"model":"claude-like","messages":[{"role":"user","content":"hi"}]%s}`
 
-func sseData(t *testing.T, r io.Reader) []string {
-	t.Helper()
-	var out []string
-	if err := proxy.ReadSSE(r, nil, func(b []byte) error { out = append(out, string(b)); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func TestRecordsTheSameCallStreamingOrNot(t *testing.T) {
 	up := &fakeVLLM{t: t, prompt: []int32{1, 2, 3}, pieces: answer(), finish: "tool_calls"}
 	f := newFixture(t, up)
@@ -241,7 +233,7 @@ func TestRecordsTheSameCallStreamingOrNot(t *testing.T) {
 	}
 
 	resp = f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, `,"stream":true,"stream_options":{"include_usage":true}`))
-	events := sseData(t, resp.Body)
+	events := ssetest.Data(t, resp.Body)
 	if events[len(events)-1] != "[DONE]" {
 		t.Fatalf("stream does not end with [DONE]: %v", events)
 	}
@@ -366,7 +358,7 @@ func TestUpstreamClosingMidStream(t *testing.T) {
 	up := &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop", cutAfter: 3}
 	f := newFixture(t, up)
 	resp := f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, `,"stream":true`))
-	events := sseData(t, resp.Body)
+	events := ssetest.Data(t, resp.Body)
 	if last := events[len(events)-2]; !strings.Contains(last, `"error"`) || !strings.Contains(last, "closed the stream before [DONE]") {
 		t.Fatalf("last events %v: want an error event", events[len(events)-2:])
 	}

@@ -3,7 +3,6 @@ package anthropic
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/internal/ssetest"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -453,66 +453,22 @@ func TestAnthropicRoundTrip(t *testing.T) {
 	}
 }
 
-type sSEEvent struct {
-	name string
-	data map[string]any
-}
-
-// parseSSE splits an event stream into events, checking each is "event:" + "data:".
-func parseSSE(t *testing.T, body string) []sSEEvent {
-	t.Helper()
-	if !strings.HasSuffix(body, "\n\n") {
-		t.Fatalf("stream does not end with a blank line: %q", body)
-	}
-	var out []sSEEvent
-	for _, chunk := range strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n") {
-		lines := strings.Split(chunk, "\n")
-		if len(lines) != 2 || !strings.HasPrefix(lines[0], "event: ") || !strings.HasPrefix(lines[1], "data: ") {
-			t.Fatalf("malformed SSE event %q", chunk)
-		}
-		ev := sSEEvent{name: strings.TrimPrefix(lines[0], "event: ")}
-		if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "data: ")), &ev.data); err != nil {
-			t.Fatalf("event %s data: %v", ev.name, err)
-		}
-		if ev.data["type"] != ev.name {
-			t.Errorf("event %s has data type %v", ev.name, ev.data["type"])
-		}
-		out = append(out, ev)
-	}
-	return out
-}
-
-// eventSummary names an event with its block index and block or delta type.
-func eventSummary(ev sSEEvent) string {
-	s := ev.name
-	if idx, ok := ev.data["index"]; ok {
-		s += fmt.Sprintf(" %v", idx)
-	}
-	if cb, ok := ev.data["content_block"].(map[string]any); ok {
-		s += " " + cb["type"].(string)
-	}
-	if d, ok := ev.data["delta"].(map[string]any); ok && ev.name == "content_block_delta" {
-		s += " " + d["type"].(string)
-	}
-	return s
-}
-
 // assemble rebuilds the message content blocks from stream events, as a client does.
-func assemble(t *testing.T, events []sSEEvent) []map[string]any {
+func assemble(t *testing.T, events []ssetest.Event) []map[string]any {
 	t.Helper()
 	var blocks []map[string]any
 	partial := map[int]string{}
 	for _, ev := range events {
-		switch ev.name {
+		switch ev.Name {
 		case "content_block_start":
-			idx := int(ev.data["index"].(float64))
+			idx := int(ev.Data["index"].(float64))
 			if idx != len(blocks) {
 				t.Fatalf("block %d started, want index %d", idx, len(blocks))
 			}
-			blocks = append(blocks, ev.data["content_block"].(map[string]any))
+			blocks = append(blocks, ev.Data["content_block"].(map[string]any))
 		case "content_block_delta":
-			idx := int(ev.data["index"].(float64))
-			b, d := blocks[idx], ev.data["delta"].(map[string]any)
+			idx := int(ev.Data["index"].(float64))
+			b, d := blocks[idx], ev.Data["delta"].(map[string]any)
 			switch d["type"] {
 			case "text_delta":
 				b["text"] = b["text"].(string) + d["text"].(string)
@@ -524,7 +480,7 @@ func assemble(t *testing.T, events []sSEEvent) []map[string]any {
 				partial[idx] += d["partial_json"].(string)
 			}
 		case "content_block_stop":
-			idx := int(ev.data["index"].(float64))
+			idx := int(ev.Data["index"].(float64))
 			if s, ok := partial[idx]; ok {
 				var in any
 				if err := json.Unmarshal([]byte(s), &in); err != nil {
@@ -566,10 +522,10 @@ func TestAnthropicStream(t *testing.T) {
 		t.Errorf("Content-Type %q", ct)
 	}
 
-	events := parseSSE(t, rec.Body.String())
+	events := ssetest.Events(t, rec.Body.String())
 	var got []string
 	for _, ev := range events {
-		got = append(got, eventSummary(ev))
+		got = append(got, ssetest.Summary(ev))
 	}
 	want := []string{
 		"message_start",
@@ -598,18 +554,18 @@ func TestAnthropicStream(t *testing.T) {
 		t.Fatalf("event sequence\n got: %q\nwant: %q", got, want)
 	}
 
-	start := events[0].data["message"].(map[string]any)
+	start := events[0].Data["message"].(map[string]any)
 	wantStart := `{"id":` + mustJSON(t, start["id"]) + `,"type":"message","role":"assistant","model":"claude-haiku",
 		"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}`
 	jSONEqual(t, []byte(mustJSON(t, start)), wantStart)
 	if id, _ := start["id"].(string); !strings.HasPrefix(id, "msg_") {
 		t.Errorf("message id %q", id)
 	}
-	jSONEqual(t, []byte(mustJSON(t, events[len(events)-2].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[len(events)-2].Data)),
 		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":321,"output_tokens":45}}`)
-	jSONEqual(t, []byte(mustJSON(t, events[2].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[2].Data)),
 		`{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}`)
-	jSONEqual(t, []byte(mustJSON(t, events[11].data)),
+	jSONEqual(t, []byte(mustJSON(t, events[11].Data)),
 		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_1","name":"Read","input":{}}}`)
 
 	blocks := assemble(t, events)
@@ -688,15 +644,15 @@ func TestAnthropicStreamShapes(t *testing.T) {
 			if err := st.End(tc.finish, proxy.Usage{}); err != nil {
 				t.Fatal(err)
 			}
-			events := parseSSE(t, rec.Body.String())
+			events := ssetest.Events(t, rec.Body.String())
 			var got []string
 			for _, ev := range events {
-				got = append(got, eventSummary(ev))
+				got = append(got, ssetest.Summary(ev))
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("event sequence\n got: %q\nwant: %q", got, tc.want)
 			}
-			md := events[len(events)-2].data["delta"].(map[string]any)
+			md := events[len(events)-2].Data["delta"].(map[string]any)
 			if md["stop_reason"] != tc.stop {
 				t.Errorf("stop_reason %v, want %s", md["stop_reason"], tc.stop)
 			}
@@ -716,12 +672,12 @@ func TestAnthropicStreamFail(t *testing.T) {
 	if err := st.End(proxy.FinishStop, proxy.Usage{}); err == nil {
 		t.Error("End after Fail succeeded")
 	}
-	events := parseSSE(t, rec.Body.String())
+	events := ssetest.Events(t, rec.Body.String())
 	last := events[len(events)-1]
-	if last.name != "error" {
-		t.Fatalf("last event %s, want error", last.name)
+	if last.Name != "error" {
+		t.Fatalf("last event %s, want error", last.Name)
 	}
-	jSONEqual(t, []byte(mustJSON(t, last.data)), `{"type":"error","error":{"type":"api_error","message":"engine went away"}}`)
+	jSONEqual(t, []byte(mustJSON(t, last.Data)), `{"type":"error","error":{"type":"api_error","message":"engine went away"}}`)
 }
 
 func TestAnthropicWriteError(t *testing.T) {

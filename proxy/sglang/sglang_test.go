@@ -17,6 +17,7 @@ import (
 
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/anthropic"
+	"github.com/floe-rl/floe/proxy/internal/ssetest"
 	"github.com/floe-rl/floe/proxy/internal/upstream"
 	"github.com/floe-rl/floe/proxy/openai"
 	"github.com/floe-rl/floe/trace/mem"
@@ -222,7 +223,7 @@ const (
 func chatEvents(t *testing.T, body string) []string {
 	t.Helper()
 	var out []string
-	for _, data := range sseData(t, strings.NewReader(body)) {
+	for _, data := range ssetest.Data(t, strings.NewReader(body)) {
 		if data == "[DONE]" {
 			out = append(out, data)
 			continue
@@ -261,11 +262,11 @@ func chatEvents(t *testing.T, body string) []string {
 func anthEvents(t *testing.T, body string) []string {
 	t.Helper()
 	var out []string
-	for _, ev := range anthParseSSE(t, body) {
-		s := anthEventSummary(ev)
-		if ev.name == "message_delta" {
-			d, _ := json.Marshal(ev.data["delta"])
-			u, _ := json.Marshal(ev.data["usage"])
+	for _, ev := range ssetest.Events(t, body) {
+		s := ssetest.Summary(ev)
+		if ev.Name == "message_delta" {
+			d, _ := json.Marshal(ev.Data["delta"])
+			u, _ := json.Marshal(ev.Data["usage"])
 			s += " " + string(d) + " " + string(u)
 		}
 		out = append(out, s)
