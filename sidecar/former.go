@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -172,6 +174,19 @@ type stepFormer struct {
 	metrics *Metrics
 
 	exams map[string]*examined
+
+	mu      sync.Mutex
+	dropped []DroppedGroup // the latest keepDropped, for the status
+}
+
+// keepDropped bounds the dropped groups the status lists.
+const keepDropped = 16
+
+// droppedGroups are the latest groups dropped, oldest first.
+func (f *stepFormer) droppedGroups() []DroppedGroup {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.dropped)
 }
 
 func (f *stepFormer) run(ctx context.Context, pending []trace.StepRecord) error {
@@ -211,7 +226,12 @@ func (f *stepFormer) advance(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		st := plan.State{Groups: groups, NextStep: f.ready.NextNumber(), TokenBudget: f.steps.Budget()}
+		st := plan.State{Groups: groups, NextStep: f.ready.NextNumber(), TokenBudget: f.steps.Budget(),
+			PadMultiple: f.cfg.Batcher.PadMultiple}
+		if f.cfg.TokenBudgetAuto {
+			// A step longer than the controller's budget grows to hold its longest path.
+			st.MaxTokenBudget = f.cfg.TokenBudgetMax
+		}
 		if f.cfg.MaxStaleness >= 0 {
 			_, current, _ := f.gate.State()
 			st.MinPolicyVersion = max(0, current-f.cfg.MaxStaleness)
@@ -246,10 +266,17 @@ func (f *stepFormer) apply(ctx context.Context, d plan.Decision) error {
 		return nil
 	case plan.Drop:
 		delete(f.exams, d.Group)
-		f.log.Warn("group dropped", "group", d.Group, "reason", d.Reason)
+		f.log.Warn("group dropped", "group", d.Group, "kind", d.Kind, "reason", d.Reason)
 		if err := f.store.DropGroup(d.Group, d.Reason); err != nil {
 			return fmt.Errorf("dropping group %s: %w", d.Group, err)
 		}
+		f.metrics.groupDropped(d.Kind)
+		f.mu.Lock()
+		f.dropped = append(f.dropped, DroppedGroup{Group: d.Group, Kind: d.Kind, Reason: d.Reason})
+		if len(f.dropped) > keepDropped {
+			f.dropped = slices.Delete(f.dropped, 0, len(f.dropped)-keepDropped)
+		}
+		f.mu.Unlock()
 		return nil
 	case plan.Form:
 		return f.form(ctx, d)

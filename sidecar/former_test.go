@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -170,4 +173,84 @@ func sameStep(a, b *batcher.Step) bool {
 		}
 	}
 	return true
+}
+
+// recordSessions creates group id with one finished session per prompt length, each
+// with one call of that prompt (distinct per session) and a 3-token response.
+func recordSessions(t *testing.T, s *bolt.Store, id string, promptLens ...int) {
+	t.Helper()
+	for i, n := range promptLens {
+		sid := fmt.Sprintf("%s-s%d", id, i)
+		if err := s.CreateSession(trace.Session{ID: sid, TaskID: "t-" + id, GroupID: id}, "key-"+sid, len(promptLens)); err != nil {
+			t.Fatal(err)
+		}
+		prompt := make([]int32, n)
+		for k := range prompt {
+			prompt[k] = int32((k*7 + i) % 500)
+		}
+		c := trace.Call{SessionID: sid, PromptIDs: prompt, ResponseIDs: []int32{7, 8, 9},
+			Logprobs: []float32{-0.5, -0.25, -1}, Trainable: true, FinishReason: "stop"}
+		if err := s.Record(context.Background(), &c); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FinishSession(sid, float64(i), trace.StatusCompleted); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFormerAutoBudgetGrowsToTheLongestPath: under -token-budget auto, whose budget
+// starts at its minimum (8192), a group holding a 9,002-token call beside a 102-token
+// session forms a step, with a budget grown to hold its longest path; a workload of only
+// long groups forms steps; only a path past the maximum drops its group, counted by
+// reason and listed in the status.
+func TestFormerAutoBudgetGrowsToTheLongestPath(t *testing.T) {
+	bs, err := bolt.New(t.TempDir(), bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	cfg := DefaultConfig()
+	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.StepsAhead = 1, 2, 8
+	cfg.Batcher.PadMultiple, cfg.Batcher.TokenBudget = 128, 8192
+	cfg.TokenBudgetAuto, cfg.TokenBudgetMin, cfg.TokenBudgetMax = true, 8192, 65536
+	ctl, err := gpu.NewBudgetController(gpu.BudgetConfig{PadMultiple: 128, Min: 8192, Max: 65536, MemoryTotal: 80 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newTestFormer(t, bs, cfg, 0, 0, time.Now())
+	f.steps = newStepTracker(slog.New(slog.NewTextHandler(io.Discard, nil)), f.metrics, nil, ctl, 0)
+	if f.steps.Budget() != 8192 {
+		t.Fatalf("the auto budget starts at %d, want its minimum 8192", f.steps.Budget())
+	}
+
+	recordSessions(t, bs, "g0-mixed", 9002, 102)
+	recordSessions(t, bs, "g1-long", 20000, 19000)
+	recordSessions(t, bs, "g2-huge", 70000, 500)
+	recordSessions(t, bs, "g3-long", 30000, 12000)
+	if err := f.advance(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pending, _, err := bs.Steps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, rec := range pending {
+		got = append(got, fmt.Sprintf("%v@%d", rec.Groups, rec.TokenBudget))
+	}
+	want := []string{"[g0-mixed]@9088", "[g1-long]@20096", "[g3-long]@30080"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("steps %v, want %v", got, want)
+	}
+	dropped := f.droppedGroups()
+	if len(dropped) != 1 || dropped[0].Group != "g2-huge" || dropped[0].Kind != "path_too_long" ||
+		dropped[0].Reason != `session "g2-huge-s0": a root-to-leaf path of 70003 rows is longer than the largest token budget of 65536 rows` {
+		t.Fatalf("dropped %+v", dropped)
+	}
+	rec := httptest.NewRecorder()
+	f.metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if n := metric(rec.Body.String(), `floe_groups_dropped_total{reason="path_too_long"}`); n != 1 {
+		t.Fatalf(`floe_groups_dropped_total{reason="path_too_long"} = %v, want 1`, n)
+	}
 }

@@ -27,6 +27,7 @@ type Metrics struct {
 	upstream    *prometheus.HistogramVec
 	finished    *prometheus.CounterVec
 	timedOut    prometheus.Counter
+	dropped     *prometheus.CounterVec
 	stale       prometheus.Counter
 
 	stepsFormed    *prometheus.CounterVec
@@ -69,6 +70,7 @@ func NewMetrics(st State) *Metrics {
 		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})
 	m.finished = f.counterVec("floe_sessions_finished_total", "Sessions finished, by status; timeout includes sessions ended by the group timeout.", "status")
 	m.timedOut = f.counter("floe_groups_timed_out_total", "Groups ended by the group timeout (their running sessions finished as timeout).")
+	m.dropped = f.counterVec("floe_groups_dropped_total", "Complete groups set aside without training, by reason: too_few_sessions, invalid, nothing_to_train, path_too_long.", "reason")
 	m.stale = f.counter("floe_calls_stale_total", "Trainable calls not trained on because their policy version lagged the current one by more than max_staleness.")
 	m.stepsFormed = f.counterVec("floe_steps_formed_total", "Steps formed and made READY; recovered=true for uncommitted steps formed again after a restart.", "recovered")
 	m.stepFormation = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_step_formation_seconds",
@@ -127,7 +129,8 @@ func (m *Metrics) sessionFinished(status trace.Status) {
 	m.finished.WithLabelValues(string(status)).Inc()
 }
 
-func (m *Metrics) groupTimedOut()   { m.timedOut.Inc() }
+func (m *Metrics) groupTimedOut()            { m.timedOut.Inc() }
+func (m *Metrics) groupDropped(kind string) { m.dropped.WithLabelValues(kind).Inc() }
 func (m *Metrics) staleCalls(n int) { m.stale.Add(float64(n)) }
 
 func (m *Metrics) stepFormed(st *batcher.Step, took time.Duration, recovered bool) {

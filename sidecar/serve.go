@@ -201,8 +201,11 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		pl.Close()
 		return fmt.Errorf("flight listen: %w", err)
 	}
+	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
+		gate: gate, metrics: metrics, exams: map[string]*examined{}}
 	describe := func(st *Status) {
 		steps.describe(st)
+		st.DroppedGroups = former.droppedGroups()
 		if u, err := store.Usage(); err == nil {
 			st.Store = &u // what the durable store holds and costs on disk
 		} else {
@@ -215,8 +218,6 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		Metrics: metrics.Handler(), Status: tc.Snapshot}
 	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
-	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
-		gate: gate, metrics: metrics, exams: map[string]*examined{}}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err

@@ -488,6 +488,20 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 			r.post("/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": %q}`, i, status), 200)
 		}
 	}
+	// Groups that cannot train are dropped as they complete, and the status lists them.
+	waitFor(t, "g2 and g3 dropped", func() bool { return metric(r.metrics(), `floe_groups{state="dropped"}`) == 2 })
+	resp, err := http.Get(r.proxy + "/floe/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status Status
+	if err := json.NewDecoder(resp.Body).Decode(&status); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(status.DroppedGroups) != 2 || status.DroppedGroups[0].Group != "g2" || status.DroppedGroups[1].Kind != "nothing_to_train" {
+		t.Fatalf("status dropped_groups %+v, want g2 and g3 with nothing to train", status.DroppedGroups)
+	}
 	r.post("/floe/v1/pause", "", `{}`, 200)
 	r.post("/floe/v1/resume", "", `{"policy_version": 4}`, 200)
 	stop()

@@ -25,8 +25,19 @@ type Status struct {
 	TrainerPIDs []int32      `json:"trainer_pids,omitempty"`
 	// GPUDevices is how many devices NVML shows floe; absent where floe watches none.
 	GPUDevices *int `json:"gpu_devices,omitempty"`
+	// DroppedGroups are the latest groups set aside without training, oldest first
+	// (floe serve keeps the last 16).
+	DroppedGroups []DroppedGroup `json:"dropped_groups,omitempty"`
 	// Reports holds each rank's last report, in rank order.
 	Reports []arrowflight.Report `json:"reports"`
 	// Store is what the durable store holds and costs on disk.
 	Store *bolt.Usage `json:"store,omitempty"`
+}
+
+// DroppedGroup is a group set aside without training: its id, the reason's class (as in
+// floe_groups_dropped_total) and the reason.
+type DroppedGroup struct {
+	Group  string `json:"group"`
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
 }

@@ -70,8 +70,15 @@ type State struct {
 	Groups []Group
 	// NextStep is the number the next formed step will carry.
 	NextStep int64
-	// TokenBudget is the budget a new step is formed with.
+	// TokenBudget is the budget a new step is formed with, at least.
 	TokenBudget int
+	// MaxTokenBudget is the largest budget a step may be formed with (-token-budget
+	// auto's maximum): a step whose longest root-to-leaf path is longer than TokenBudget
+	// is formed with a budget that holds that path, up to this, and only a group with a
+	// path longer than this is dropped for it. 0: TokenBudget is fixed.
+	MaxTokenBudget int
+	// PadMultiple rounds a budget grown to a path up to a multiple of it (1 when 0).
+	PadMultiple int
 	// MinPolicyVersion is the staleness cut-off for calls of a new step: calls sampled
 	// by an older policy are not trained on. 0: none.
 	MinPolicyVersion int64
@@ -98,9 +105,11 @@ type Examine struct {
 	MinPolicyVersion int64
 }
 
-// Drop sets a complete group aside for good, with the reason.
+// Drop sets a complete group aside for good, with the reason; Kind names the reason's
+// class for metrics: too_few_sessions, invalid, nothing_to_train or path_too_long.
 type Drop struct {
 	Group  string
+	Kind   string
 	Reason string
 }
 
@@ -131,7 +140,8 @@ func Plan(s State, p Policy, now time.Time) []Decision {
 		}
 	}
 	var take []string
-	blocked := false // a group before this one waits for its examination
+	var longest int64 // the longest path of the groups taken
+	blocked := false  // a group before this one waits for its examination
 	next := s.NextStep
 	for _, g := range s.Groups {
 		if !g.Complete() {
@@ -142,21 +152,41 @@ func Plan(s State, p Policy, now time.Time) []Decision {
 			blocked = true
 			continue
 		}
-		if reason := unusable(g.Exam, p, s.TokenBudget); reason != "" {
-			out = append(out, Drop{Group: g.ID, Reason: reason})
+		if kind, reason := unusable(g.Exam, p, s); reason != "" {
+			out = append(out, Drop{Group: g.ID, Kind: kind, Reason: reason})
 			continue
 		}
 		if blocked {
 			continue
 		}
-		take = append(take, g.ID)
+		take, longest = append(take, g.ID), max(longest, g.Exam.LongestPath)
 		if len(take) == p.GroupsPerStep {
-			out = append(out, Form{Step: next, Groups: take, TokenBudget: s.TokenBudget, MinPolicyVersion: s.MinPolicyVersion})
+			out = append(out, Form{Step: next, Groups: take, TokenBudget: s.budgetFor(longest), MinPolicyVersion: s.MinPolicyVersion})
 			next++
-			take = nil
+			take, longest = nil, 0
 		}
 	}
 	return out
+}
+
+// maxBudget is the largest budget a step may be formed with.
+func (s State) maxBudget() int {
+	if s.MaxTokenBudget > 0 {
+		return max(s.MaxTokenBudget, s.TokenBudget)
+	}
+	return s.TokenBudget
+}
+
+// budgetFor is the budget of a step whose longest root-to-leaf path is longest rows: the
+// current budget, grown to hold the path (padded) when it is longer, never past the
+// maximum.
+func (s State) budgetFor(longest int64) int {
+	if longest <= int64(s.TokenBudget) {
+		return s.TokenBudget
+	}
+	pad := int64(max(s.PadMultiple, 1))
+	grown := (longest + pad - 1) / pad * pad
+	return int(min(grown, int64(s.maxBudget())))
 }
 
 // open: not yet complete, dropped or in a step.
@@ -170,18 +200,23 @@ func stale(e *Examination, s State) bool {
 	return e == nil || (e.HasTrainable && e.OldestTrainable < s.MinPolicyVersion)
 }
 
-// unusable says why an examined group cannot go into a step packed with budget, or "".
-func unusable(e *Examination, p Policy, budget int) string {
+// unusable says why an examined group cannot go into a step under s (the reason's
+// class and the reason), or "".
+func unusable(e *Examination, p Policy, s State) (kind, reason string) {
+	budget, which := s.maxBudget(), "token budget"
+	if s.MaxTokenBudget > 0 {
+		which = "largest token budget"
+	}
 	switch {
 	case e.UsableSessions < p.MinGroupSize:
-		return fmt.Sprintf("%d usable sessions, fewer than the minimum %d", e.UsableSessions, p.MinGroupSize)
+		return "too_few_sessions", fmt.Sprintf("%d usable sessions, fewer than the minimum %d", e.UsableSessions, p.MinGroupSize)
 	case e.Invalid != "":
-		return e.Invalid
+		return "invalid", e.Invalid
 	case !e.HasTrainable:
-		return "nothing to train: no trainable call"
+		return "nothing_to_train", "nothing to train: no trainable call"
 	case e.LongestPath > int64(budget):
-		return fmt.Sprintf("session %q: a root-to-leaf path of %d rows is longer than the token budget of %d rows",
-			e.LongestSession, e.LongestPath, budget)
+		return "path_too_long", fmt.Sprintf("session %q: a root-to-leaf path of %d rows is longer than the %s of %d rows",
+			e.LongestSession, e.LongestPath, which, budget)
 	}
-	return ""
+	return "", ""
 }

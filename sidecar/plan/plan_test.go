@@ -75,10 +75,10 @@ func TestPlan(t *testing.T) {
 				group("f", 2, 2, 2).exam(fit)}},
 			now: t0,
 			want: []Decision{
-				Drop{Group: "b", Reason: "1 usable sessions, fewer than the minimum 2"},
-				Drop{Group: "c", Reason: "nothing to train: no trainable call"},
-				Drop{Group: "d", Reason: "reward NaN"},
-				Drop{Group: "e", Reason: `session "s9": a root-to-leaf path of 300 rows is longer than the token budget of 256 rows`},
+				Drop{Group: "b", Kind: "too_few_sessions", Reason: "1 usable sessions, fewer than the minimum 2"},
+				Drop{Group: "c", Kind: "nothing_to_train", Reason: "nothing to train: no trainable call"},
+				Drop{Group: "d", Kind: "invalid", Reason: "reward NaN"},
+				Drop{Group: "e", Kind: "path_too_long", Reason: `session "s9": a root-to-leaf path of 300 rows is longer than the token budget of 256 rows`},
 				Form{Step: 0, Groups: []string{"a", "f"}, TokenBudget: 256, MinPolicyVersion: 2},
 			},
 		},
@@ -91,6 +91,35 @@ func TestPlan(t *testing.T) {
 			want: []Decision{Form{Step: 0, Groups: []string{"a", "e"}, TokenBudget: 512}},
 		},
 		{
+			name: "auto budget: a step grows to its longest path (padded), a short step keeps the budget, only a path past the maximum drops its group",
+			state: State{TokenBudget: 8192, MaxTokenBudget: 65536, PadMultiple: 128, Groups: []Group{
+				// A 9,002-token call beside a 102-token session: the group is long.
+				group("long", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 9005, LongestSession: "s-long"}),
+				group("short", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 105}),
+				group("huge", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 70000, LongestSession: "s-huge"}),
+				group("short2", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 300}),
+				group("short3", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 8192})}},
+			policy: Policy{GroupsPerStep: 2, MinGroupSize: 2},
+			now:    t0,
+			want: []Decision{
+				Form{Step: 0, Groups: []string{"long", "short"}, TokenBudget: 9088},
+				Drop{Group: "huge", Kind: "path_too_long", Reason: `session "s-huge": a root-to-leaf path of 70000 rows is longer than the largest token budget of 65536 rows`},
+				Form{Step: 1, Groups: []string{"short2", "short3"}, TokenBudget: 8192},
+			},
+		},
+		{
+			name: "auto budget: a workload of only long groups forms steps, up to the maximum",
+			state: State{TokenBudget: 8192, MaxTokenBudget: 65536, PadMultiple: 128, Groups: []Group{
+				group("a", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 20000}),
+				group("b", 2, 2, 2).exam(Examination{UsableSessions: 2, HasTrainable: true, LongestPath: 65450})}},
+			policy: Policy{GroupsPerStep: 1, MinGroupSize: 2},
+			now:    t0,
+			want: []Decision{
+				Form{Step: 0, Groups: []string{"a"}, TokenBudget: 20096},
+				Form{Step: 1, Groups: []string{"b"}, TokenBudget: 65536},
+			},
+		},
+		{
 			name: "a weight sync that makes trainable calls stale has the group examined again; one whose calls are all newer is not",
 			state: State{TokenBudget: 256, MinPolicyVersion: 4, Groups: []Group{
 				group("a", 2, 2, 2).exam(fit), // oldest trainable 3 < 4
@@ -99,7 +128,7 @@ func TestPlan(t *testing.T) {
 			now: t0,
 			want: []Decision{
 				Examine{Group: "a", MinPolicyVersion: 4},
-				Drop{Group: "c", Reason: "nothing to train: no trainable call"},
+				Drop{Group: "c", Kind: "nothing_to_train", Reason: "nothing to train: no trainable call"},
 			},
 		},
 		{
