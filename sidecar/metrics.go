@@ -129,9 +129,9 @@ func (m *Metrics) sessionFinished(status trace.Status) {
 	m.finished.WithLabelValues(string(status)).Inc()
 }
 
-func (m *Metrics) groupTimedOut()            { m.timedOut.Inc() }
+func (m *Metrics) groupTimedOut()           { m.timedOut.Inc() }
 func (m *Metrics) groupDropped(kind string) { m.dropped.WithLabelValues(kind).Inc() }
-func (m *Metrics) staleCalls(n int) { m.stale.Add(float64(n)) }
+func (m *Metrics) staleCalls(n int)         { m.stale.Add(float64(n)) }
 
 func (m *Metrics) stepFormed(st *batcher.Step, took time.Duration, recovered bool) {
 	m.stepsFormed.WithLabelValues(strconv.FormatBool(recovered)).Inc()
