@@ -38,8 +38,8 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		t.Fatalf("create: %d %v", code, s)
 	}
 	id, key := s["session_id"].(string), s["api_key"].(string)
-	if got, ok := store.Resolve(key); !ok || got != id {
-		t.Fatalf("the new key resolves to %q %v", got, ok)
+	if got, err := store.Resolve(key); err != nil || got.ID != id {
+		t.Fatalf("the new key resolves to %+v %v", got, err)
 	}
 	if urls := s["base_urls"].(map[string]any); urls["openai"] != "http://floe.test/v1" {
 		t.Errorf("base_urls %v", urls)

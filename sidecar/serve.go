@@ -19,7 +19,6 @@ import (
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
-	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -210,7 +209,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		}
 	}
 	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
-	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
+	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
 		Metrics: metrics.Handler(), Status: tc.Snapshot}
 	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
@@ -261,16 +260,6 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 		<-errc // http.ErrServerClosed
 		return nil
 	}
-}
-
-// sessionStore also accepts a session's id as its key (x-floe-session).
-type sessionStore struct{ *bolt.Store }
-
-func (s sessionStore) CreateSession(sess trace.Session, key string, groupSize int) error {
-	if err := s.Store.CreateSession(sess, key, groupSize); err != nil {
-		return err
-	}
-	return s.Store.AddKey(sess.ID, sess.ID)
 }
 
 // AnnounceJSON writes the bound addresses as one JSON line, as DESIGN.md asks when a port
