@@ -53,7 +53,9 @@ type floeProc struct {
 	// control is the control API's address (/floe/v1, /metrics): never the proxy's.
 	control string
 	flight  flight.Client
-	logs    *strings.Builder
+	// flightLoc is the Flight location floe announced.
+	flightLoc string
+	logs      *strings.Builder
 }
 
 // startFloe runs floe serve with args (and -control-addr 127.0.0.1:0 unless args give
@@ -100,7 +102,7 @@ func startFloeEnv(t *testing.T, env []string, args ...string) *floeProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &floeProc{cmd: cmd, proxy: addrs.Proxy, control: addrs.Control, flight: c, logs: logs}
+	p := &floeProc{cmd: cmd, proxy: addrs.Proxy, control: addrs.Control, flight: c, flightLoc: addrs.Flight, logs: logs}
 	t.Cleanup(func() {
 		c.Close()
 		if cmd.ProcessState == nil {
