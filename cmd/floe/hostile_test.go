@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -325,5 +327,63 @@ func TestServeRefusesOpenListenersWithoutTokens(t *testing.T) {
 	run(context.Background(), []string{"serve", "-data-dir", t.TempDir(), "-flight-token", "x", "-flight-token-file", filepath.Join(dir, "missing")}, &stdout, &stderr)
 	if !strings.Contains(stderr.String(), "can be read by every user") {
 		t.Errorf("no warning for -flight-token on the command line: %s", stderr.String())
+	}
+}
+
+// TestProxyCommandSplitsListeners: floe proxy, too, serves the provider APIs on
+// -proxy-addr and the control API on -control-addr only, and announces both.
+func TestProxyCommandSplitsListeners(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	raw, _ := json.Marshal([]string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL})
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
+	}
+	var addrs struct{ Proxy, Control string }
+	if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs.Proxy == "" || addrs.Control == "" || addrs.Proxy == addrs.Control {
+		t.Fatalf("announcement %q: want distinct proxy and control", line)
+	}
+	post := func(url, key, body string) (int, map[string]any) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	if code, _ := post(addrs.Proxy+"/floe/v1/sessions", "", `{"task_id": "t"}`); code != http.StatusNotFound {
+		t.Errorf("POST /floe/v1/sessions on the proxy: %d, want 404", code)
+	}
+	code, s := post(addrs.Control+"/floe/v1/sessions", "", `{"task_id": "t"}`)
+	if code != 200 {
+		t.Fatalf("POST /floe/v1/sessions on the control address: %d %v", code, s)
+	}
+	if code, _ := post(addrs.Control+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != http.StatusNotFound {
+		t.Errorf("a model call on the control address: %d, want 404", code)
+	}
+	if code, m := post(addrs.Proxy+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+		t.Errorf("a model call on the proxy: %d %v", code, m)
 	}
 }
