@@ -77,7 +77,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := cfg.LoadTokens(os.Getenv); err != nil {
 		return err
 	}
-	if err := sidecar.CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "$"+sidecar.ControlTokenEnv); err != nil {
+	if err := sidecar.CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+sidecar.ControlTokenEnv); err != nil {
 		return err
 	}
 	lis, err := net.Listen("tcp", cfg.ProxyAddr)
