@@ -251,12 +251,12 @@ def _complete(client: Any, messages: list[dict[str, Any]], stream: bool) -> tupl
 
 
 def run_session(
-    proxy: str, refserver: str, repo: str, task: Task, g: int, s: int, progress: Progress
+    control: str, refserver: str, repo: str, task: Task, g: int, s: int, progress: Progress
 ) -> SessionResult:
     import openai
 
     sess = post_json(
-        f"{proxy}/floe/v1/sessions",
+        f"{control}/floe/v1/sessions",
         {"task_id": f"task-{g:02d}", "group_id": f"group-{g:02d}", "group_size": GROUP_SIZE},
     )
     sid = sess["session_id"]
@@ -296,17 +296,17 @@ def run_session(
     except Exception as e:  # a failed call fails the session; floe keeps it with no loss
         error, status = f"{type(e).__name__}: {e}", "failed"
     reward = 1.0 if status == "completed" and task.answer in answer else 0.0
-    post_json(f"{proxy}/floe/v1/sessions/{sid}/finish", {"reward": reward, "status": status})
+    post_json(f"{control}/floe/v1/sessions/{sid}/finish", {"reward": reward, "status": status})
     with progress.lock:
         progress.sessions_done += 1
     return SessionResult(g, s, sid, calls, reward, status, answer, error)
 
 
 def run_group(
-    proxy: str, refserver: str, repo: str, g: int, progress: Progress, pool: ThreadPoolExecutor
+    control: str, refserver: str, repo: str, g: int, progress: Progress, pool: ThreadPoolExecutor
 ) -> list[SessionResult]:
     task = TASKS[g % len(TASKS)]
-    futs = [pool.submit(run_session, proxy, refserver, repo, task, g, s, progress) for s in range(GROUP_SIZE)]
+    futs = [pool.submit(run_session, control, refserver, repo, task, g, s, progress) for s in range(GROUP_SIZE)]
     results = [f.result() for f in futs]
     with progress.lock:
         progress.groups_done += 1
@@ -314,7 +314,7 @@ def run_group(
 
 
 def drive(
-    proxy: str,
+    control: str,
     refserver: str,
     repo: str,
     groups: int,
@@ -333,7 +333,7 @@ def drive(
         for first in range(0, groups, wave):
             if stop.is_set():
                 break
-            futs = [grp.submit(run_group, proxy, refserver, repo, g, progress, sessions)
+            futs = [grp.submit(run_group, control, refserver, repo, g, progress, sessions)
                     for g in range(first, min(first + wave, groups))]
             for f in futs:
                 results.extend(f.result())

@@ -146,7 +146,7 @@ def summarize(
     args: argparse.Namespace,
     state: State,
     results: list[agent.SessionResult],
-    proxy: str,
+    control: str,
     wall: float,
     trainer_wall: float,
 ) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def summarize(
     for r in results:
         if r.group >= trained_groups or r.status != "completed":
             continue  # its group is in no trained step, or floe trains none of its tokens
-        sess = agent.get_json(f"{proxy}/floe/v1/sessions/{r.session_id}")
+        sess = agent.get_json(f"{control}/floe/v1/sessions/{r.session_id}")
         for c in sess.get("calls") or []:
             calls_total += 1
             if c.get("trainable"):
@@ -258,14 +258,14 @@ def print_summary(s: dict[str, Any], out: IO[str]) -> None:
         p(f"| {k:<{w}} | {v} |")
 
 
-def floe_metrics(proxy: str) -> dict[str, float]:
+def floe_metrics(control: str) -> dict[str, float]:
     """floe's own counters from GET /metrics (Prometheus text), where this floe has them."""
     import urllib.request
 
     want = ("floe_rows_forwarded_total", "floe_per_request_tokens_total", "floe_step_imbalance",
             "floe_steps_committed_total", "floe_calls_recorded_total")
     try:
-        with urllib.request.urlopen(f"{proxy}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(f"{control}/metrics", timeout=5) as r:
             text = r.read().decode()
     except OSError:
         return {}
@@ -335,12 +335,14 @@ def main(argv: list[str] | None = None) -> int:
 
         disp.status("starting floe serve ...")
         floe, addrs = procs.start_server("floe", [
-            floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+            floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
             "-data-dir", os.path.join(tmp, "floe-data"), "-upstream", upstream,
             "-strategy", "tree", "-group-size", str(agent.GROUP_SIZE), "-groups-per-step", str(args.groups_per_step),
             "-steps-ahead", "2", "-token-budget", str(args.token_budget), "-pad-multiple", str(PAD_MULTIPLE),
         ], 60)
-        proxy, flight = addrs["proxy"], addrs["flight"]
+        # Sessions are created and finished on the control address; harnesses get the
+        # proxy's address in each session's base_urls, and never the control address.
+        control, flight = addrs["control"], addrs["flight"]
         threading.Thread(target=follow_floe_log, args=(state, floe.log_path, stop), daemon=True).start()
 
         trainer.write_line(flight)
@@ -366,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def drive() -> None:
             try:
-                box["results"] = agent.drive(proxy, upstream, repo, args.groups, progress, stop, wave=args.groups_per_step)
+                box["results"] = agent.drive(control, upstream, repo, args.groups, progress, stop, wave=args.groups_per_step)
             except BaseException as e:  # noqa: BLE001 - reported by the main thread
                 box["error"] = e
 
@@ -401,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         failed = [r for r in results if r.status != "completed"]
         for r in failed[:5]:
             print(f"demo: session {r.session_id} (group {r.group}) {r.status}: {r.error}", file=sys.stderr)
-        summary = summarize(args, state, results, proxy, time.monotonic() - t_start, trainer_wall)
+        summary = summarize(args, state, results, control, time.monotonic() - t_start, trainer_wall)
         summary["token_budget"] = args.token_budget
-        summary["floe_metrics"] = floe_metrics(proxy)
-        summary["store"] = agent.get_json(f"{proxy}/floe/v1/status").get("store") or {}
+        summary["floe_metrics"] = floe_metrics(control)
+        summary["store"] = agent.get_json(f"{control}/floe/v1/status").get("store") or {}
         if "floe_step_imbalance" in summary["floe_metrics"]:
             summary["imbalance"] = summary["floe_metrics"]["floe_step_imbalance"]  # floe's, of the last step
         rc = 0 if trainer.proc.returncode == 0 and summary["steps_trained"] == n_steps else 1

@@ -126,11 +126,10 @@ func (s *Server) route(r *http.Request, body []byte) (Dialect, operation) {
 	return d.Chat, opUnknown
 }
 
-// key returns the credential a harness sent, in the order DESIGN.md gives.
+// key returns the credential a harness sent, in the order DESIGN.md gives. Only a
+// session's api_key is a credential: a session id is never one, and no floe-specific
+// header carries one.
 func key(r *http.Request) string {
-	if v := r.Header.Get("x-floe-session"); v != "" {
-		return v
-	}
 	if v := r.Header.Get("x-api-key"); v != "" {
 		return v
 	}
@@ -172,10 +171,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
 		return
 	}
-	session, ok := s.authenticate(r)
-	if !ok {
-		s.writeError(w, d, &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
-			Message: "unknown API key: create a session with POST /floe/v1/sessions and use its api_key"})
+	session, aerr := s.authenticate(r)
+	if aerr != nil {
+		s.writeError(w, d, aerr)
 		return
 	}
 	ctx := r.Context()
@@ -224,23 +222,37 @@ func (s *Server) fallbackDialect() Dialect {
 	return nil
 }
 
-func (s *Server) authenticate(r *http.Request) (string, bool) {
+// authenticate resolves the caller's key to its session before anything goes upstream.
+// An unknown key, and the key of a session that was finished (completed, failed or timed
+// out), are refused with the provider's authentication error (401, which SDKs do not
+// retry); the answer names no session and no path.
+func (s *Server) authenticate(r *http.Request) (string, *Error) {
+	unknown := &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
+		Message: "unknown API key: use the api_key of a session created for this rollout"}
 	k := key(r)
 	if k == "" {
-		return "", false
+		return "", unknown
 	}
-	if session, ok := s.Sessions.Resolve(k); ok {
-		return session, true
+	sess, err := s.Sessions.Resolve(k)
+	switch {
+	case err == nil && sess.Running():
+		return sess.ID, nil
+	case err == nil:
+		return "", &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
+			Message: "this API key's session has finished and takes no more calls"}
+	case !errors.Is(err, trace.ErrUnknownSession):
+		s.log().Error("resolving an API key", "err", err)
+		return "", &Error{Status: http.StatusServiceUnavailable, Kind: ErrOverloaded,
+			Message: "floe cannot check the API key now; its log says why"}
+	case !s.OpenSessions:
+		return "", unknown
 	}
-	if !s.OpenSessions {
-		return "", false
-	}
-	session, err := s.Sessions.Open(k)
+	id, err := s.Sessions.Open(k)
 	if err != nil {
 		s.log().Error("opening a session", "err", err)
-		return "", false
+		return "", unknown
 	}
-	return session, true
+	return id, nil
 }
 
 // fail writes err in the caller's shape; anything that is not an *Error is floe's own

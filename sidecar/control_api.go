@@ -2,10 +2,12 @@ package sidecar
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sync"
 
@@ -23,13 +25,23 @@ type SessionStore interface {
 	Session(id string) (trace.Session, error)
 }
 
+// DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
+const DefaultMaxAbsReward = 1e6
+
 // ControlAPI is the session and control HTTP API under /floe/v1 (docs/control.md):
 // harness runners create sessions, finish them with their reward and read what was
-// recorded; a trainer without Flight can pause and resume rollouts. The proxy serves
-// every other path.
+// recorded; a trainer without Flight can pause and resume rollouts. It is served on its
+// own listener (-control-addr), never on the proxy's: the harness, which holds the proxy
+// address, must reach none of it (docs/security.md).
 type ControlAPI struct {
 	Store SessionStore
 	Gate  *proxy.Gate
+	// Token, when set, is required on every call (and on /metrics) as
+	// "Authorization: Bearer <Token>"; a call without it is answered 401.
+	Token string
+	// MaxAbsReward bounds |reward| of a finish (0: DefaultMaxAbsReward); a reward that is
+	// not finite or beyond it is answered 400.
+	MaxAbsReward float64
 	// BaseURL is the proxy's address as harnesses reach it, for the base_urls of a new
 	// session.
 	BaseURL string
@@ -67,8 +79,9 @@ func (c *ControlAPI) reply(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Handler routes /floe/v1/... to the control API and everything else to next.
-func (c *ControlAPI) Handler(next http.Handler) http.Handler {
+// Handler serves the control API: /floe/v1/... and, when Metrics is set, /metrics; every
+// other path is 404. With a Token, every call must carry it.
+func (c *ControlAPI) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /floe/v1/sessions", c.createSession)
 	mux.HandleFunc("GET /floe/v1/sessions/{id}", c.getSession)
@@ -82,8 +95,21 @@ func (c *ControlAPI) Handler(next http.Handler) http.Handler {
 	if c.Metrics != nil {
 		mux.Handle("GET /metrics", c.Metrics)
 	}
-	mux.Handle("/", next)
-	return mux
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		c.error(w, http.StatusNotFound, "the control listener serves /floe/v1/ and /metrics only; the provider APIs are on the proxy address")
+	})
+	if c.Token == "" {
+		return mux
+	}
+	want := []byte("Bearer " + c.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="floe control"`)
+			c.error(w, http.StatusUnauthorized, "missing or wrong control token: send Authorization: Bearer <token>")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 func (c *ControlAPI) createSession(w http.ResponseWriter, r *http.Request) {
@@ -147,6 +173,14 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || req.Reward == nil {
 		c.error(w, http.StatusBadRequest, `body must be {"reward": number, "status": "completed"|"failed"|"timeout"}`)
+		return
+	}
+	limit := c.MaxAbsReward
+	if limit <= 0 {
+		limit = DefaultMaxAbsReward
+	}
+	if r := *req.Reward; math.IsNaN(r) || math.IsInf(r, 0) || math.Abs(r) > limit {
+		c.error(w, http.StatusBadRequest, "reward %v must be a finite number within ±%g (-max-abs-reward)", r, limit)
 		return
 	}
 	switch req.Status {

@@ -18,8 +18,7 @@ import (
 func TestControlAPISessionsAndPause(t *testing.T) {
 	store, gate := &mem.Store{}, &proxy.Gate{}
 	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test"}
-	behind := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "proxy") })
-	srv := httptest.NewServer(api.Handler(behind))
+	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	do := func(method, path, body string) (int, map[string]any) {
 		t.Helper()
@@ -38,8 +37,8 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		t.Fatalf("create: %d %v", code, s)
 	}
 	id, key := s["session_id"].(string), s["api_key"].(string)
-	if got, ok := store.Resolve(key); !ok || got != id {
-		t.Fatalf("the new key resolves to %q %v", got, ok)
+	if got, err := store.Resolve(key); err != nil || got.ID != id {
+		t.Fatalf("the new key resolves to %+v %v", got, err)
 	}
 	if urls := s["base_urls"].(map[string]any); urls["openai"] != "http://floe.test/v1" {
 		t.Errorf("base_urls %v", urls)
@@ -98,11 +97,15 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 	if code, got := do("POST", "/floe/v1/resume", `{"policy_version": 1}`); code != 409 {
 		t.Errorf("resume backwards: %d %v", code, got)
 	}
-	resp, _ := http.Get(srv.URL + "/v1/models")
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if string(b) != "proxy" {
-		t.Errorf("other paths reach the proxy: got %q", b)
+	// The control listener serves no provider API: those are the proxy's, on its own
+	// listener.
+	for _, p := range []string{"/v1/models", "/v1/chat/completions", "/healthz"} {
+		resp, _ := http.Post(srv.URL+p, "application/json", strings.NewReader(`{}`))
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s on the control listener: %d %s, want 404", p, resp.StatusCode, b)
+		}
 	}
 }
 
@@ -112,7 +115,7 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 func TestControlAPIGroupSizeFirstKept(t *testing.T) {
 	store := &mem.Store{}
 	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, BaseURL: "http://floe.test", DefaultGroupSize: 8}
-	srv := httptest.NewServer(api.Handler(http.NotFoundHandler()))
+	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	create := func(body string) int {
 		t.Helper()
@@ -150,5 +153,93 @@ func TestControlAPIGroupSizeFirstKept(t *testing.T) {
 		if gs[i].ID != want[i].ID || gs[i].Size != want[i].Size || gs[i].Sessions != want[i].Sessions {
 			t.Errorf("group %+v, want %+v", gs[i], want[i])
 		}
+	}
+}
+
+// TestControlAPIToken: with a token, every control call and /metrics needs it as a
+// bearer token; without it, or with another, the answer is 401 and nothing changes.
+func TestControlAPIToken(t *testing.T) {
+	store, gate := &mem.Store{}, &proxy.Gate{}
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "m 1\n") })
+	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test", Token: "s3cret", Metrics: metrics}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	do := func(method, path, body, auth string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, auth := range []string{"", "Bearer wrong", "s3cret", "Bearer s3cret2", "Basic czNjcmV0"} {
+		for _, c := range []struct{ method, path, body string }{
+			{"POST", "/floe/v1/sessions", `{"task_id": "t"}`},
+			{"POST", "/floe/v1/pause", ""},
+			{"POST", "/floe/v1/resume", `{"policy_version": 9223372036854775807}`},
+			{"GET", "/floe/v1/status", ""},
+			{"GET", "/metrics", ""},
+		} {
+			if got := do(c.method, c.path, c.body, auth); got != http.StatusUnauthorized {
+				t.Errorf("%s %s with authorization %q: %d, want 401", c.method, c.path, auth, got)
+			}
+		}
+	}
+	if paused, v, _ := gate.State(); paused || v != 0 {
+		t.Errorf("the gate changed without the token: paused %v version %d", paused, v)
+	}
+	if gs, _ := store.Groups(); len(gs) != 0 {
+		t.Errorf("sessions were created without the token: %+v", gs)
+	}
+	if got := do("POST", "/floe/v1/sessions", `{"task_id": "t"}`, "Bearer s3cret"); got != 200 {
+		t.Errorf("create with the token: %d", got)
+	}
+	if got := do("GET", "/metrics", "", "Bearer s3cret"); got != 200 {
+		t.Errorf("metrics with the token: %d", got)
+	}
+}
+
+// TestControlAPIRewardBounds: a reward must be a finite number within MaxAbsReward; any
+// other is answered 400 naming the field, and the session stays running.
+func TestControlAPIRewardBounds(t *testing.T) {
+	store := &mem.Store{}
+	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, BaseURL: "http://floe.test", MaxAbsReward: 100}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/floe/v1/sessions", "application/json", strings.NewReader(`{"task_id": "t"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&s)
+	resp.Body.Close()
+	id := s["session_id"].(string)
+	for _, bad := range []string{`1e39`, `-101`, `100.5`, `NaN`, `Infinity`, `-Infinity`, `1e400`, `"1"`, `null`} {
+		resp, err := http.Post(srv.URL+"/floe/v1/sessions/"+id+"/finish", "application/json", strings.NewReader(`{"reward": `+bad+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if msg, _ := body["error"].(string); resp.StatusCode != 400 || !strings.Contains(msg, "reward") {
+			t.Errorf("reward %s: %d %v, want 400 naming reward", bad, resp.StatusCode, body)
+		}
+	}
+	if got, _ := store.Session(id); got.Status != trace.StatusRunning {
+		t.Fatalf("a refused finish finished the session: %+v", got)
+	}
+	resp, err = http.Post(srv.URL+"/floe/v1/sessions/"+id+"/finish", "application/json", strings.NewReader(`{"reward": -100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("reward -100 (at the bound): %d, want 200", resp.StatusCode)
 	}
 }

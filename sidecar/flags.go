@@ -14,9 +14,12 @@ import (
 // serves them all.
 var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
-	ProxyFlags = []string{"proxy-addr", "upstream", "engine", "model", "open-sessions"}
+	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
-	FlightFlags = []string{"flight-addr", "flight-token"}
+	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
+	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
+	// leaves them out.
+	proxyOnly = map[string]bool{"open-sessions": true}
 	// StepFlags say how many groups make a step and how far ahead steps are formed.
 	StepFlags = []string{"groups-per-step", "steps-ahead"}
 )
@@ -29,7 +32,19 @@ var serveFlags = []struct {
 	define func(c *Config, fs *flag.FlagSet, name string)
 }{
 	{"proxy-addr", func(c *Config, fs *flag.FlagSet, n string) {
-		fs.StringVar(&c.ProxyAddr, n, c.ProxyAddr, "proxy and control API address; port 0 picks one")
+		fs.StringVar(&c.ProxyAddr, n, c.ProxyAddr,
+			"agent-facing address: the provider APIs and /healthz only; port 0 picks one")
+	}},
+	{"control-addr", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.ControlAddr, n, c.ControlAddr,
+			"control API address (/floe/v1 sessions, finish, pause, resume, status, and /metrics); port 0 picks one; beyond loopback only with a control token")
+	}},
+	{"control-token-file", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.ControlTokenFile, n, c.ControlTokenFile,
+			"file holding the bearer token every control API call must carry (default: $"+ControlTokenEnv+"; none: no token, loopback only)")
+	}},
+	{"max-abs-reward", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Float64Var(&c.MaxAbsReward, n, c.MaxAbsReward, "largest |reward| a session may be finished with; beyond it, or not finite: 400")
 	}},
 	{"flight-addr", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.FlightAddr, n, c.FlightAddr, "Flight address; port 0 picks one; unix:/path for a Unix socket")
@@ -80,8 +95,13 @@ var serveFlags = []struct {
 			"with -token-budget auto: the trainer device's memory in bytes, when floe cannot see the GPU through NVML (0: NVML's)")
 	}},
 	{batcher.FlagPadMultiple, registerBatcherFlag},
+	{"flight-token-file", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.FlightTokenFile, n, c.FlightTokenFile,
+			"file holding the bearer token every Flight call must carry (default: $"+FlightTokenEnv+"; none: no token, loopback only)")
+	}},
 	{"flight-token", func(c *Config, fs *flag.FlagSet, n string) {
-		fs.StringVar(&c.FlightToken, n, c.FlightToken, "require this bearer token on every Flight call")
+		fs.StringVar(&c.FlightToken, n, c.FlightToken,
+			"require this bearer token on every Flight call (deprecated: other users can read a command line; use -flight-token-file or $"+FlightTokenEnv+")")
 	}},
 	{"open-sessions", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.BoolVar(&c.OpenSessions, n, c.OpenSessions, "let a call with an unknown key create its session")
@@ -102,14 +122,17 @@ var serveFlags = []struct {
 
 func registerBatcherFlag(c *Config, fs *flag.FlagSet, name string) { c.Batcher.RegisterFlags(fs, name) }
 
-// RegisterFlags defines the named flags of floe serve (all of them when none is named) on
+// RegisterFlags defines the named flags of floe serve (all of floe serve's when none is
+// named; -open-sessions is floe proxy's only) on
 // fs, bound to c's fields, with c's current values as their defaults: a command sets its
 // own defaults on c first. -token-budget takes a number of rows or auto (TokenBudgetAuto).
 // Naming an unknown flag is a programming error and panics, as defining one twice does.
 func (c *Config) RegisterFlags(fs *flag.FlagSet, names ...string) {
 	if len(names) == 0 {
 		for _, f := range serveFlags {
-			f.define(c, fs, f.name)
+			if !proxyOnly[f.name] {
+				f.define(c, fs, f.name)
+			}
 		}
 		return
 	}

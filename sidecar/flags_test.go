@@ -3,6 +3,9 @@ package sidecar
 import (
 	"flag"
 	"io"
+	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -31,10 +34,11 @@ func TestRegisterFlagsParses(t *testing.T) {
 		{
 			name: "proxy, batcher and step settings",
 			args: []string{"-proxy-addr", "127.0.0.1:0", "-upstream", "http://up", "-engine", "sglang", "-model", "m",
-				"-open-sessions", "-strategy", "per_request", "-advantage", "rloo", "-dp-size", "2", "-pad-multiple", "16",
+				"-control-addr", "127.0.0.1:1", "-max-abs-reward", "10", "-strategy", "per_request", "-advantage", "rloo", "-dp-size", "2", "-pad-multiple", "16",
 				"-groups-per-step", "4", "-steps-ahead", "3", "-group-timeout", "1m", "-max-staleness", "2", "-gpu-memory", "1024"},
 			want: with(func(c *Config) {
-				c.ProxyAddr, c.Upstream, c.Engine, c.Model, c.OpenSessions = "127.0.0.1:0", "http://up", "sglang", "m", true
+				c.ProxyAddr, c.Upstream, c.Engine, c.Model = "127.0.0.1:0", "http://up", "sglang", "m"
+				c.ControlAddr, c.MaxAbsReward = "127.0.0.1:1", 10
 				c.Batcher.Strategy, c.Batcher.Advantage, c.Batcher.DPSize, c.Batcher.PadMultiple = batcher.PerRequest, batcher.RLOO, 2, 16
 				c.GroupsPerStep, c.StepsAhead, c.GroupTimeout, c.MaxStaleness, c.GPUMemoryBytes = 4, 3, time.Minute, 2, 1024
 			}),
@@ -64,11 +68,13 @@ func TestRegisterFlagsParses(t *testing.T) {
 }
 
 // TestRegisterFlagsDefinesServesFlags: with no names, every flag of floe serve (the
-// names DESIGN.md and the YAML config keys rely on); with names, exactly those.
+// names DESIGN.md and the YAML config keys rely on; -open-sessions is floe proxy's only);
+// with names, exactly those.
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
-	all := []string{"advantage", "data-dir", "dp-size", "drop-failed", "engine", "flight-addr", "flight-token",
-		"gpu-memory", "group-size", "group-timeout", "groups-per-step", "max-staleness", "memory-target",
-		"min-group-size", "model", "open-sessions", "pad-multiple", "proxy-addr", "steps-ahead", "strategy",
+	all := []string{"advantage", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",
+		"flight-addr", "flight-token", "flight-token-file", "gpu-memory", "group-size", "group-timeout", "groups-per-step",
+		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "proxy-addr",
+		"steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	tests := []struct {
 		name  string
@@ -76,9 +82,9 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, []string{"engine", "model", "open-sessions", "proxy-addr", "upstream"}},
+		{"proxy", ProxyFlags, []string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "upstream"}},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
-			[]string{"flight-addr", "flight-token", "groups-per-step", "steps-ahead"}},
+			[]string{"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -109,7 +115,7 @@ func TestRegisterFlagsDefaultsAreTheConfigs(t *testing.T) {
 	c.RegisterFlags(fs)
 	for name, want := range map[string]string{
 		"groups-per-step": "2", "token-budget": "4096", "proxy-addr": "127.0.0.1:0", "strategy": "tree",
-		"max-staleness": "-1", "model": "", "open-sessions": "false",
+		"max-staleness": "-1", "model": "", "control-addr": "127.0.0.1:8701", "max-abs-reward": "1e+06",
 	} {
 		if f := fs.Lookup(name); f == nil || f.DefValue != want {
 			t.Errorf("-%s: flag %+v, want default %q", name, f, want)
@@ -132,4 +138,85 @@ func TestRegisterFlagsPanicsOnAnUnknownName(t *testing.T) {
 	}()
 	c := DefaultConfig()
 	c.RegisterFlags(flag.NewFlagSet("test", flag.ContinueOnError), "upstreams")
+}
+
+// TestValidateRefusesOpenControlAndFlight: the control and Flight listeners may be bound
+// beyond loopback only with a token, and the refusal names the flag; floe serve takes no
+// -open-sessions.
+func TestValidateRefusesOpenControlAndFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		set     func(*Config)
+		wantErr string
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"control on all interfaces", func(c *Config) { c.ControlAddr = ":8701" }, "-control-addr"},
+		{"control on 0.0.0.0", func(c *Config) { c.ControlAddr = "0.0.0.0:0" }, "-control-addr"},
+		{"control on a LAN address", func(c *Config) { c.ControlAddr = "10.1.2.3:8701" }, "-control-addr"},
+		{"control on a host name", func(c *Config) { c.ControlAddr = "floe.example:8701" }, "-control-addr"},
+		{"control beyond loopback with a token", func(c *Config) { c.ControlAddr, c.ControlToken = ":8701", "t" }, ""},
+		{"control on localhost", func(c *Config) { c.ControlAddr = "localhost:0" }, ""},
+		{"control on ::1", func(c *Config) { c.ControlAddr = "[::1]:0" }, ""},
+		{"flight on all interfaces", func(c *Config) { c.FlightAddr = "0.0.0.0:8815" }, "-flight-addr"},
+		{"flight beyond loopback with a token", func(c *Config) { c.FlightAddr, c.FlightToken = "0.0.0.0:8815", "t" }, ""},
+		{"flight on a unix socket", func(c *Config) { c.FlightAddr = "unix:/tmp/floe.sock" }, ""},
+		{"proxy beyond loopback", func(c *Config) { c.ProxyAddr = "0.0.0.0:8700" }, ""},
+		{"open sessions", func(c *Config) { c.OpenSessions = true }, "-open-sessions"},
+		{"non-finite reward bound", func(c *Config) { c.MaxAbsReward = math.Inf(1) }, "-max-abs-reward"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.set(&c)
+			err := c.Validate()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("Validate: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("Validate: %v, want an error naming %s", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestLoadTokens: token files win, then the environment; a file with nothing in it and a
+// file given with a token are errors.
+func TestLoadTokens(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := map[string]string{ControlTokenEnv: "env-control", FlightTokenEnv: " env-flight\n"}
+	c := DefaultConfig()
+	if err := c.LoadTokens(func(k string) string { return env[k] }); err != nil || c.ControlToken != "env-control" || c.FlightToken != "env-flight" {
+		t.Errorf("from the environment: %q %q %v", c.ControlToken, c.FlightToken, err)
+	}
+	c = DefaultConfig()
+	c.ControlTokenFile, c.FlightTokenFile = write("c", "file-control\n"), write("f", "file-flight")
+	if err := c.LoadTokens(func(k string) string { return env[k] }); err != nil || c.ControlToken != "file-control" || c.FlightToken != "file-flight" {
+		t.Errorf("from files: %q %q %v", c.ControlToken, c.FlightToken, err)
+	}
+	c = DefaultConfig()
+	c.FlightToken = "flag"
+	if err := c.LoadTokens(func(string) string { return "" }); err != nil || c.FlightToken != "flag" {
+		t.Errorf("-flight-token: %q %v", c.FlightToken, err)
+	}
+	c = DefaultConfig()
+	c.ControlTokenFile = write("empty", " \n")
+	if err := c.LoadTokens(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "-control-token-file") {
+		t.Errorf("an empty token file: %v", err)
+	}
+	c = DefaultConfig()
+	c.FlightToken, c.FlightTokenFile = "flag", write("f2", "x")
+	if err := c.LoadTokens(func(string) string { return "" }); err == nil {
+		t.Error("a token and a token file were both taken")
+	}
+	c = DefaultConfig()
+	c.FlightTokenFile = filepath.Join(dir, "missing")
+	if err := c.LoadTokens(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "-flight-token-file") {
+		t.Errorf("a missing token file: %v", err)
+	}
 }

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -19,13 +22,15 @@ import (
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
-	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // Config is floe serve's configuration; DefaultConfig gives DESIGN.md's defaults.
 type Config struct {
+	// ProxyAddr is the agent-facing listener: the provider APIs and /healthz, nothing
+	// else. ControlAddr serves /floe/v1 and /metrics; FlightAddr the Flight service.
 	ProxyAddr    string
+	ControlAddr  string
 	FlightAddr   string
 	Upstream     string
 	Engine       string // vllm or sglang
@@ -50,7 +55,17 @@ type Config struct {
 	// version of the last resume) and still be trained on; older calls stay in their
 	// group as context with no loss, and are counted. Negative: no limit.
 	MaxStaleness int64
-	FlightToken  string
+	// ControlToken and FlightToken, when set, are required as bearer tokens on every
+	// control API and Flight call. LoadTokens fills them from ControlTokenFile and
+	// FlightTokenFile, or from $FLOE_CONTROL_TOKEN and $FLOE_FLIGHT_TOKEN. A control or
+	// Flight listener beyond loopback needs its token.
+	ControlToken, FlightToken         string
+	ControlTokenFile, FlightTokenFile string
+	// MaxAbsReward bounds a finished session's |reward| (0: DefaultMaxAbsReward).
+	MaxAbsReward float64
+	// OpenSessions lets a call with an unknown key create its session: floe proxy only
+	// (such a session belongs to no group and could never be trained on, so floe serve
+	// refuses it).
 	OpenSessions bool
 
 	// TokenBudgetAuto sizes the token budget with a gpu.BudgetController between
@@ -72,9 +87,9 @@ type Config struct {
 // DefaultConfig returns the defaults of DESIGN.md.
 func DefaultConfig() Config {
 	return Config{
-		ProxyAddr: "127.0.0.1:8700", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
+		ProxyAddr: "127.0.0.1:8700", ControlAddr: "127.0.0.1:8701", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
-		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1,
+		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 	}
 }
@@ -93,7 +108,72 @@ func (cfg Config) Validate() error {
 	if cfg.TokenBudgetAuto && (cfg.MemoryTarget <= 0 || cfg.MemoryTarget > 1) {
 		return fmt.Errorf("memory target %g must be in (0, 1]", cfg.MemoryTarget)
 	}
-	return nil
+	if cfg.MaxAbsReward < 0 || math.IsNaN(cfg.MaxAbsReward) || math.IsInf(cfg.MaxAbsReward, 0) {
+		return fmt.Errorf("-max-abs-reward %g must be a positive finite number", cfg.MaxAbsReward)
+	}
+	if cfg.OpenSessions {
+		return errors.New("-open-sessions is floe proxy's only: floe serve trains on groups, and a session opened by its first call belongs to none; create sessions with POST /floe/v1/sessions on the control address")
+	}
+	if err := CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
+		return err
+	}
+	return CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
+}
+
+// The environment variables floe reads its tokens from when no token file is given.
+const (
+	ControlTokenEnv = "FLOE_CONTROL_TOKEN"
+	FlightTokenEnv  = "FLOE_FLIGHT_TOKEN"
+)
+
+// LoadTokens fills ControlToken and FlightToken: from ControlTokenFile and
+// FlightTokenFile when given (surrounding white space trimmed; an empty file is an error),
+// else, when the token is not set already, from $FLOE_CONTROL_TOKEN and
+// $FLOE_FLIGHT_TOKEN.
+func (cfg *Config) LoadTokens(getenv func(string) string) error {
+	load := func(tok *string, file, flagName, env string) error {
+		if file != "" {
+			if *tok != "" {
+				return fmt.Errorf("%s and a token on the command line or in the config: give one", flagName)
+			}
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return fmt.Errorf("%s: %w", flagName, err)
+			}
+			if *tok = strings.TrimSpace(string(b)); *tok == "" {
+				return fmt.Errorf("%s %s is empty", flagName, file)
+			}
+			return nil
+		}
+		if *tok == "" {
+			*tok = strings.TrimSpace(getenv(env))
+		}
+		return nil
+	}
+	if err := load(&cfg.ControlToken, cfg.ControlTokenFile, "-control-token-file", ControlTokenEnv); err != nil {
+		return err
+	}
+	return load(&cfg.FlightToken, cfg.FlightTokenFile, "-flight-token-file", FlightTokenEnv)
+}
+
+// CheckLoopback refuses a listener address beyond loopback (any other interface, or all
+// of them) when it has no token: the control API and Flight change rewards, steps and
+// the gate. A Unix socket (unix:/path) is local.
+func CheckLoopback(flagName, addr, token, how string) error {
+	if token != "" || addr == "" || strings.HasPrefix(addr, "unix:") {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(addr, "grpc://"))
+	if err != nil {
+		return fmt.Errorf("%s %q: %w", flagName, addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%s %s is beyond loopback and has no token: anyone who reaches it controls training; set a token (%s) or bind 127.0.0.1", flagName, addr, how)
 }
 
 // budgetController builds the auto budget's controller; nil with a fixed budget.
@@ -119,13 +199,15 @@ func (cfg Config) budgetController(mon *gpu.Monitor) (*gpu.BudgetController, err
 
 // Addrs are where a running floe listens.
 type Addrs struct {
-	Proxy  string `json:"proxy"`
-	Flight string `json:"flight"`
+	Proxy   string `json:"proxy"`
+	Control string `json:"control"`
+	Flight  string `json:"flight"`
 }
 
-// Serve runs floe until ctx ends: proxy and control API (with /metrics), durable store,
-// step former, READY buffer, Flight service and GPU monitor. ready is called once both
-// listeners are bound. On start it recovers from the data dir: uncommitted steps are
+// Serve runs floe until ctx ends: proxy, control API (with /metrics), durable store,
+// step former, READY buffer, Flight service and GPU monitor, each listener on its own
+// address (the harness-facing proxy reaches no control). ready is called once all three
+// listeners are bound. Tokens must be loaded (LoadTokens) before. On start it recovers from the data dir: uncommitted steps are
 // formed again from their groups with the budget they were formed with, byte for byte
 // as before, and committed steps are never served again.
 func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
@@ -196,9 +278,15 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
 	}
+	cl, err := net.Listen("tcp", cfg.ControlAddr)
+	if err != nil {
+		pl.Close()
+		return fmt.Errorf("control listen: %w", err)
+	}
 	fl, err := arrowflight.Listen(cfg.FlightAddr)
 	if err != nil {
 		pl.Close()
+		cl.Close()
 		return fmt.Errorf("flight listen: %w", err)
 	}
 	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
@@ -213,10 +301,11 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		}
 	}
 	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
-	control := &ControlAPI{Store: sessionStore{store}, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
+	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), Status: tc.Snapshot}
-	hs := &http.Server{Handler: control.Handler(px), ReadHeaderTimeout: 30 * time.Second}
+		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward}
+	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
+	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
@@ -228,9 +317,10 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 
 	if ready != nil {
-		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Flight: arrowflight.Location(fl)})
+		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Control: "http://" + cl.Addr().String(), Flight: arrowflight.Location(fl)})
 	}
-	log.Info("floe serving", "proxy", pl.Addr().String(), "flight", arrowflight.Location(fl), "data_dir", cfg.DataDir,
+	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
+		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
 		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted)
 
@@ -239,6 +329,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
+	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })
 	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
@@ -262,16 +353,6 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 		<-errc // http.ErrServerClosed
 		return nil
 	}
-}
-
-// sessionStore also accepts a session's id as its key (x-floe-session).
-type sessionStore struct{ *bolt.Store }
-
-func (s sessionStore) CreateSession(sess trace.Session, key string, groupSize int) error {
-	if err := s.Store.CreateSession(sess, key, groupSize); err != nil {
-		return err
-	}
-	return s.Store.AddKey(sess.ID, sess.ID)
 }
 
 // AnnounceJSON writes the bound addresses as one JSON line, as DESIGN.md asks when a port

@@ -35,9 +35,11 @@ func fakeUpstream(t *testing.T) string {
 
 // running is a floe serve started in-process.
 type running struct {
-	t      *testing.T
-	proxy  string
-	flight flight.Client
+	t     *testing.T
+	proxy string
+	// control is the control API's address: /floe/v1 and /metrics.
+	control string
+	flight  flight.Client
 }
 
 func startServe(t *testing.T, cfg Config) *running {
@@ -69,13 +71,13 @@ func startServe(t *testing.T, cfg Config) *running {
 			t.Errorf("Serve returned %v", err)
 		}
 	})
-	return &running{t: t, proxy: a.Proxy, flight: c}
+	return &running{t: t, proxy: a.Proxy, control: a.Control, flight: c}
 }
 
 func testConfig(t *testing.T) Config {
 	cfg := DefaultConfig()
 	cfg.DataDir = t.TempDir()
-	cfg.ProxyAddr, cfg.FlightAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.ProxyAddr, cfg.ControlAddr, cfg.FlightAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream = fakeUpstream(t)
 	cfg.GroupSize, cfg.MinGroupSize, cfg.StepsAhead = 2, 2, 2
 	cfg.Batcher.PadMultiple, cfg.Batcher.TokenBudget = 16, 4096
@@ -84,7 +86,11 @@ func testConfig(t *testing.T) Config {
 
 func (r *running) post(path, key, body string, want int) map[string]any {
 	r.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, r.proxy+path, strings.NewReader(body))
+	base := r.proxy
+	if strings.HasPrefix(path, "/floe/") {
+		base = r.control // the control API is never on the proxy's listener
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -155,7 +161,7 @@ func (r *running) action(typ, body string) map[string]any {
 
 func (r *running) metrics() string {
 	r.t.Helper()
-	resp, err := http.Get(r.proxy + "/metrics")
+	resp, err := http.Get(r.control + "/metrics")
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -255,7 +261,7 @@ func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
 		t.Fatalf("reports %v", reports)
 	}
 	// The control API answers the same status as Flight, with the sessions it created.
-	resp, err := http.Get(r.proxy + "/floe/v1/status")
+	resp, err := http.Get(r.control + "/floe/v1/status")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +414,7 @@ func TestServeGroupTimeoutAndStaleness(t *testing.T) {
 	call(hungKey, "b")
 	r.post("/floe/v1/sessions/"+done+"/finish", "", `{"reward": 1, "status": "completed"}`, 200)
 	r.fetch(0) // formed only once the timeout ends the group
-	req, _ := http.NewRequest(http.MethodGet, r.proxy+"/floe/v1/sessions/"+hung, nil)
+	req, _ := http.NewRequest(http.MethodGet, r.control+"/floe/v1/sessions/"+hung, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +482,7 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.GroupsPerStep = 1 << 30 // record only
 	a, stop := serveUntil(t, cfg)
-	r := &running{t: t, proxy: a.Proxy}
+	r := &running{t: t, proxy: a.Proxy, control: a.Control}
 	for g := range 6 {
 		status := "completed"
 		if g == 2 || g == 3 {

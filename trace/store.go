@@ -52,10 +52,15 @@ type CallRecorder interface {
 	Record(ctx context.Context, c *Call) error
 }
 
-// SessionKeys maps the API key a harness presents to the session it belongs to.
+// SessionKeys maps the API key a harness presents to the session it belongs to. Only a
+// key given to CreateSession (or Open) resolves: a session's id is never a key.
 type SessionKeys interface {
-	// Resolve returns the session of key, ok false when the key is unknown.
-	Resolve(key string) (session string, ok bool)
+	// Resolve returns the session of key (its ID, TaskID, GroupID, Status and Reward; no
+	// calls), so that the proxy can refuse a finished session's key before any upstream
+	// call: the session takes calls while its Status is StatusRunning (Session.Running).
+	// ErrUnknownSession when the key is unknown; other errors mean the store cannot
+	// answer.
+	Resolve(key string) (Session, error)
 	// Open creates a session for an unknown key (open sessions only) and returns it;
 	// a known key returns its session.
 	Open(key string) (session string, err error)

@@ -110,6 +110,10 @@ type Session struct {
 	Status  Status  `json:"status"`
 }
 
+// Running reports whether the session still takes calls: it was not finished (completed,
+// failed or timed out).
+func (s Session) Running() bool { return s.Status == StatusRunning }
+
 // Group is the GRPO group: sessions that solved the same task, whose rewards are
 // compared with each other to form advantages.
 type Group struct {

@@ -19,7 +19,8 @@ import (
 // API, queues the session's outputs on the server (matched on the session's tag), sends
 // its calls in order with the session's key and finishes it with its reward and status.
 type Driver struct {
-	Proxy     string // floe's proxy and control API base URL, http://host:port
+	Proxy     string // floe's proxy base URL, http://host:port
+	Control   string // floe's control API base URL (/floe/v1), http://host:port
 	RefServer string // the reference server's base URL (without /v1)
 	Model     string // model name sent in requests
 	// Concurrency bounds the sessions in flight (default 8).
@@ -68,7 +69,7 @@ func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *a
 		SessionID string `json:"session_id"`
 		APIKey    string `json:"api_key"`
 	}
-	if err := d.post(ctx, d.Proxy+"/floe/v1/sessions", "", map[string]any{
+	if err := d.post(ctx, d.Control+"/floe/v1/sessions", "", map[string]any{
 		"task_id": s.Task, "group_id": s.Group, "group_size": groupSize,
 	}, &created); err != nil {
 		return fmt.Errorf("creating the session: %w", err)
@@ -109,7 +110,7 @@ func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *a
 			d.progressMu.Unlock()
 		}
 	}
-	return d.post(ctx, d.Proxy+"/floe/v1/sessions/"+created.SessionID+"/finish", "",
+	return d.post(ctx, d.Control+"/floe/v1/sessions/"+created.SessionID+"/finish", "",
 		map[string]any{"reward": s.Reward, "status": s.Status}, nil)
 }
 

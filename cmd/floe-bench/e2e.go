@@ -241,7 +241,7 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 	}
 	defer ref.stop()
 	cfg := sidecar.DefaultConfig()
-	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr, cfg.Upstream = dataDir, "127.0.0.1:0", "127.0.0.1:0", ref.base
+	cfg.DataDir, cfg.ProxyAddr, cfg.ControlAddr, cfg.FlightAddr, cfg.Upstream = dataDir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", ref.base
 	// Record only: no step is formed, so every strategy later forms its steps from the
 	// same complete groups.
 	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.GroupTimeout = 1<<30, 1, 0
@@ -250,7 +250,7 @@ func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir s
 		return err
 	}
 	defer f.stop()
-	d := &e2e.Driver{Proxy: f.addrs.Proxy, RefServer: ref.base, Model: "floe-ref", Concurrency: b.concurrency}
+	d := &e2e.Driver{Proxy: f.addrs.Proxy, Control: f.addrs.Control, RefServer: ref.base, Model: "floe-ref", Concurrency: b.concurrency}
 	began := time.Now()
 	last := time.Time{}
 	d.Progress = func(n int) {
@@ -270,7 +270,7 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 		return e2e.Run{}, err
 	}
 	cfg := b.floe
-	cfg.DataDir, cfg.ProxyAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0"
+	cfg.DataDir, cfg.ProxyAddr, cfg.ControlAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream = "http://127.0.0.1:1" // no call is made: the groups are recorded
 	cfg.Batcher.Strategy, cfg.MinGroupSize = st, 1
 	steps, err := plannedSteps(dir, cfg)

@@ -100,6 +100,13 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	warnTokenOnCommandLine(fs, log)
+	if err := cfg.LoadTokens(os.Getenv); err != nil {
+		return err
+	}
+	if err := sidecar.CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+sidecar.FlightTokenEnv); err != nil {
+		return err
+	}
 	lis, err := arrowflight.Listen(cfg.FlightAddr)
 	if err != nil {
 		return fmt.Errorf("flight listen: %w", err)

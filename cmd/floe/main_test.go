@@ -54,8 +54,8 @@ func TestCorpusServeFailsBeforeAnnouncingAnUnpackableCorpus(t *testing.T) {
 // under its names, and their help lists them.
 func TestHelpDocumentsSharedFlags(t *testing.T) {
 	for cmd, flags := range map[string][]string{
-		"proxy": {"proxy-addr", "upstream", "engine", "model", "open-sessions", "record", "session", "max-body-bytes"},
-		"corpus-serve": {"flight-addr", "flight-token", "groups-per-step", "steps-ahead", "strategy", "advantage",
+		"proxy": {"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions", "record", "session", "max-body-bytes"},
+		"corpus-serve": {"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead", "strategy", "advantage",
 			"token-budget", "pad-multiple", "dp-size", "corpus", "groups", "seed", "fold-vocab", "dump-groups", "calls"},
 	} {
 		var stdout, stderr bytes.Buffer

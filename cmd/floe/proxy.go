@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
+
+	"github.com/sourcegraph/conc/pool"
 
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/proxy"
@@ -23,8 +26,10 @@ import (
 const proxyUsage = `usage: floe proxy [flags]
 
 Serves the provider APIs (Anthropic, OpenAI Chat and Responses, Gemini) in front of an
-inference server and records every call, with the session and control API under /floe/v1
-(docs/control.md). Prints {"proxy": address} on stdout once serving.
+inference server and records every call (-proxy-addr), with the session and control API
+under /floe/v1 on its own listener (-control-addr, docs/control.md). Prints {"proxy":
+url, "control": url} on stdout once serving. Nothing here trains: -open-sessions lets a
+call with an unknown key open a session for recording.
 
 `
 
@@ -69,16 +74,31 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
 	}
+	if err := cfg.LoadTokens(os.Getenv); err != nil {
+		return err
+	}
+	if err := sidecar.CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+sidecar.ControlTokenEnv); err != nil {
+		return err
+	}
 	lis, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
 	}
-	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String()}
-	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String()})
+	cl, err := net.Listen("tcp", cfg.ControlAddr)
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("control listen: %w", err)
+	}
+	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken}
+	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
-	log.Info("proxy serving", "addr", lis.Addr().String(), "upstream", cfg.Upstream)
-	hs := &http.Server{Handler: control.Handler(srv), ReadHeaderTimeout: 30 * time.Second}
-	return sidecar.ServeHTTP(ctx, hs, lis)
+	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstream", cfg.Upstream)
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
+	p := pool.New().WithContext(ctx).WithCancelOnError()
+	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, lis) })
+	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, cs, cl) })
+	return p.Wait()
 }
 
 type multiFlag []string

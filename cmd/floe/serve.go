@@ -18,13 +18,18 @@ import (
 
 const serveUsage = `usage: floe serve [flags]
 
-Runs floe beside a trainer: the proxy harnesses call (with the session and control API
-under /floe/v1, Prometheus metrics at /metrics and /healthz), the durable trace store,
-the step former, the Flight service and the GPU monitor. Prints {"proxy": url, "flight":
-location} on stdout once serving; SIGTERM or SIGINT stops it.
+Runs floe beside a trainer: the proxy harnesses call (-proxy-addr: the provider APIs
+and /healthz only), the session and control API (-control-addr: /floe/v1 and Prometheus
+metrics at /metrics), the durable trace store, the step former, the Flight service and
+the GPU monitor. Prints {"proxy": url, "control": url, "flight": location} on stdout
+once serving; SIGTERM or SIGINT stops it.
+
+Tokens: -control-token-file and -flight-token-file, or $FLOE_CONTROL_TOKEN and
+$FLOE_FLIGHT_TOKEN. The control and Flight listeners may be bound beyond loopback only
+with their token (docs/security.md).
 
 Every flag can also be set in a YAML file given with -config, under the flag's name in
-snake_case (token_budget: auto, groups_per_step: 4, open_sessions: true); flags given on
+snake_case (token_budget: auto, groups_per_step: 4, max_abs_reward: 100); flags given on
 the command line win over the file, and an unknown key is an error.
 
 `
@@ -38,12 +43,16 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	warnTokenOnCommandLine(fs, log)
 	if *config != "" {
 		if err := applyConfigFile(fs, *config); err != nil {
 			return err
 		}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if err := cfg.LoadTokens(os.Getenv); err != nil {
+		return err
+	}
 	if *pyro == "" {
 		*pyro = os.Getenv(pyroscopeEnv)
 	}
@@ -110,4 +119,15 @@ func configKeys(fs *flag.FlagSet) []string {
 	})
 	sort.Strings(keys)
 	return keys
+}
+
+// warnTokenOnCommandLine logs a warning when -flight-token was given on the command line:
+// every user of the host can read a process's command line.
+func warnTokenOnCommandLine(fs *flag.FlagSet, log *slog.Logger) {
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "flight-token" {
+			log.Warn("-flight-token on the command line can be read by every user of this host (ps, /proc/PID/cmdline); use -flight-token-file or $" +
+				sidecar.FlightTokenEnv + " instead")
+		}
+	})
 }

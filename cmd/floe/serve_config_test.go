@@ -23,7 +23,7 @@ func TestServeConfigFile(t *testing.T) {
 	defer up.Close()
 	path := filepath.Join(t.TempDir(), "floe.yaml")
 	yaml := "# floe serve settings\ndata_dir: " + t.TempDir() + "\nproxy_addr: 127.0.0.1:0\nflight_addr: 127.0.0.1:0\nupstream: " + up.URL +
-		"\ntoken_budget: auto\ntoken_budget_min: 512\ntoken_budget_max: 4096\npad_multiple: 16\nmemory_target: 0.8\nopen_sessions: true\n"
+		"\ntoken_budget: auto\ntoken_budget_min: 512\ntoken_budget_max: 4096\npad_multiple: 16\nmemory_target: 0.8\nmax_abs_reward: 100\n"
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestServeConfigFile(t *testing.T) {
 	if st["token_budget_mode"] != "auto" || st["token_budget"] != 256.0 {
 		t.Fatalf("status %v: want the file's auto budget at the command line's minimum 256", st)
 	}
-	resp, err := http.Get(f.proxy + "/metrics")
+	resp, err := http.Get(f.control + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,8 +50,17 @@ func TestServeConfigFile(t *testing.T) {
 	if !strings.Contains(string(body), "\nfloe_token_budget_rows 256\n") {
 		t.Fatalf("/metrics lacks floe_token_budget_rows 256:\n%s", body)
 	}
-	// open_sessions: true from the file lets an unknown key open its session.
-	f.post(t, "/v1/chat/completions", "sk-any", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+	// max_abs_reward: 100 from the file bounds rewards.
+	sess := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)
+	f.post(t, "/v1/chat/completions", sess["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+	resp, err = http.Post(f.control+"/floe/v1/sessions/"+sess["session_id"].(string)+"/finish", "application/json", strings.NewReader(`{"reward": 101}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("reward 101 with max_abs_reward: 100: %d, want 400", resp.StatusCode)
+	}
 }
 
 func TestServeConfigFileRefusesUnknownKeys(t *testing.T) {
@@ -94,7 +103,7 @@ func TestServeHelpDocumentsEveryOption(t *testing.T) {
 	help := stderr.String()
 	for _, flag := range []string{"proxy-addr", "flight-addr", "upstream", "engine", "model", "data-dir", "strategy", "advantage",
 		"group-size", "min-group-size", "groups-per-step", "steps-ahead", "dp-size", "token-budget", "token-budget-min",
-		"token-budget-max", "memory-target", "gpu-memory", "pad-multiple", "flight-token", "open-sessions", "drop-failed", "config"} {
+		"token-budget-max", "memory-target", "gpu-memory", "pad-multiple", "flight-token", "flight-token-file", "control-addr", "control-token-file", "max-abs-reward", "drop-failed", "config"} {
 		if !strings.Contains(help, "-"+flag+" ") && !strings.Contains(help, "-"+flag+"\n") {
 			t.Errorf("help lacks -%s", flag)
 		}
@@ -135,8 +144,9 @@ func TestServeWithUnreachablePyroscope(t *testing.T) {
 		}
 	}()
 	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
-		"-upstream", up.URL, "-open-sessions", "-pyroscope", "http://"+hole.Addr().String())
-	f.post(t, "/v1/chat/completions", "sk-any", `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+		"-upstream", up.URL, "-pyroscope", "http://"+hole.Addr().String())
+	sess := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)
+	f.post(t, "/v1/chat/completions", sess["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
 	if err := f.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,22 +48,39 @@ func main2(args []string) {
 func fakeEngine() *httptest.Server { return httptest.NewServer(fakevllm.Handler()) }
 
 type floeProc struct {
-	cmd    *exec.Cmd
-	proxy  string
-	flight flight.Client
+	cmd   *exec.Cmd
+	proxy string
+	// control is the control API's address (/floe/v1, /metrics): never the proxy's.
+	control string
+	flight  flight.Client
+	// flightLoc is the Flight location floe announced.
+	flightLoc string
+	logs      *strings.Builder
 }
 
+// startFloe runs floe serve with args (and -control-addr 127.0.0.1:0 unless args give
+// one) and waits for its announcement.
 func startFloe(t *testing.T, args ...string) *floeProc {
 	t.Helper()
+	return startFloeEnv(t, nil, args...)
+}
+
+// startFloeEnv is startFloe with env added to the process's environment; the Flight
+// client sends the bearer token of $FLOE_FLIGHT_TOKEN in env, if any.
+func startFloeEnv(t *testing.T, env []string, args ...string) *floeProc {
+	t.Helper()
+	if !slices.Contains(args, "-control-addr") {
+		args = append([]string{"-control-addr", "127.0.0.1:0"}, args...)
+	}
 	raw, _ := json.Marshal(append([]string{"serve"}, args...))
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw))
+	cmd.Env = append(append(os.Environ(), env...), "FLOE_MAIN_ARGS="+string(raw))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs strings.Builder
-	cmd.Stderr = &logs
+	logs := &strings.Builder{}
+	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -70,16 +88,21 @@ func startFloe(t *testing.T, args ...string) *floeProc {
 	if err != nil {
 		t.Fatalf("floe serve announced nothing: %v\n%s", err, logs.String())
 	}
-	var addrs struct{ Proxy, Flight string }
-	if err := json.Unmarshal([]byte(line), &addrs); err != nil {
-		t.Fatalf("announcement %q: %v", line, err)
+	var addrs struct{ Proxy, Control, Flight string }
+	if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs.Proxy == "" || addrs.Control == "" || addrs.Flight == "" {
+		t.Fatalf("announcement %q: %v; want proxy, control and flight", line, err)
 	}
-	c, err := flight.NewClientWithMiddleware(strings.TrimPrefix(addrs.Flight, "grpc+tcp://"), nil, nil,
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	for _, e := range env {
+		if tok, ok := strings.CutPrefix(e, "FLOE_FLIGHT_TOKEN="); ok {
+			opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
+		}
+	}
+	c, err := flight.NewClientWithMiddleware(strings.TrimPrefix(addrs.Flight, "grpc+tcp://"), nil, nil, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &floeProc{cmd: cmd, proxy: addrs.Proxy, flight: c}
+	p := &floeProc{cmd: cmd, proxy: addrs.Proxy, control: addrs.Control, flight: c, flightLoc: addrs.Flight, logs: logs}
 	t.Cleanup(func() {
 		c.Close()
 		if cmd.ProcessState == nil {
@@ -90,9 +113,23 @@ func startFloe(t *testing.T, args ...string) *floeProc {
 	return p
 }
 
+// bearer is a gRPC per-call credential: authorization: Bearer <token>.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// post posts body to path: /floe/... on the control address, every other path on the
+// proxy's, with key as the bearer token; it fails the test unless the answer is 200.
 func (p *floeProc) post(t *testing.T, path, key, body string) map[string]any {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, p.proxy+path, strings.NewReader(body))
+	base := p.proxy
+	if strings.HasPrefix(path, "/floe/") {
+		base = p.control
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -191,7 +228,7 @@ func TestServeSurvivesKill9(t *testing.T) {
 
 	g := startFloe(t, args...)
 	for _, id := range sessions {
-		req, _ := http.NewRequest(http.MethodGet, g.proxy+"/floe/v1/sessions/"+id, nil)
+		req, _ := http.NewRequest(http.MethodGet, g.control+"/floe/v1/sessions/"+id, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -55,14 +55,15 @@ class Stack:
     """The reference server and floe's proxy, and where calls are recorded."""
 
     upstream: str  # http://127.0.0.1:PORT (the reference server, without /v1)
-    proxy: str  # http://127.0.0.1:PORT
+    proxy: str  # http://127.0.0.1:PORT: the provider APIs, what harnesses reach
+    control: str  # http://127.0.0.1:PORT: /floe/v1, what only the test reaches
     calls_path: Path
     floe: Path
     tmp: Path
     _n: int = field(default=0)
 
     def session(self, task: str) -> Session:
-        s = http("POST", self.proxy + "/floe/v1/sessions", {"task_id": task})
+        s = http("POST", self.control + "/floe/v1/sessions", {"task_id": task})
         return Session(s["session_id"], s["api_key"], s["base_urls"])
 
     def script(self, outputs: list[dict[str, Any]]) -> None:
@@ -74,17 +75,17 @@ class Stack:
         return http("GET", self.upstream + "/script")["remaining"]  # type: ignore[no-any-return]
 
     def calls(self, session: str) -> list[dict[str, Any]]:
-        calls: list[dict[str, Any]] | None = http("GET", f"{self.proxy}/floe/v1/sessions/{session}")["calls"]
+        calls: list[dict[str, Any]] | None = http("GET", f"{self.control}/floe/v1/sessions/{session}")["calls"]
         return calls or []  # null until the session's first call
 
     def generations(self) -> list[dict[str, Any]]:
         return http("GET", self.upstream + "/generations")["generations"]  # type: ignore[no-any-return]
 
     def pause(self) -> dict[str, Any]:
-        return http("POST", self.proxy + "/floe/v1/pause", {}, timeout=60)  # type: ignore[no-any-return]
+        return http("POST", self.control + "/floe/v1/pause", {}, timeout=60)  # type: ignore[no-any-return]
 
     def resume(self, version: int) -> dict[str, Any]:
-        return http("POST", self.proxy + "/floe/v1/resume", {"policy_version": version})  # type: ignore[no-any-return]
+        return http("POST", self.control + "/floe/v1/resume", {"policy_version": version})  # type: ignore[no-any-return]
 
     def workdir(self, name: str) -> tuple[Path, Path]:
         """A fresh (HOME, working directory) with notes.txt in the working directory."""
@@ -131,8 +132,9 @@ def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         upstream = hello["base_url"].removesuffix("/v1")
         calls = tmp / "calls.jsonl"
         _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
+                                                 "-control-addr", "127.0.0.1:0",
                                                  "-upstream", upstream, "-record", str(calls)], timeout=60)
-        yield Stack(upstream, phello["proxy"], calls, floe_bin, tmp)
+        yield Stack(upstream, phello["proxy"], phello["control"], calls, floe_bin, tmp)
 
 
 # --- checks every harness must pass ---------------------------------------------------

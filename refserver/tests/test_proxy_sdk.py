@@ -68,7 +68,7 @@ def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         upstream = hello["base_url"].removesuffix("/v1")
         calls = tmp / "calls.jsonl"
         _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
-                                                 "-upstream", upstream, "-session", f"{KEY}={SESSION}",
+                                                 "-control-addr", "127.0.0.1:0", "-upstream", upstream, "-session", f"{KEY}={SESSION}",
                                                  "-record", str(calls)])
         yield Stack(phello["proxy"], upstream, calls)
 

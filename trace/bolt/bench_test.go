@@ -120,3 +120,26 @@ func BenchmarkRecord(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkResolve is the proxy's key lookup before every call: the key's session with
+// its status (so a finished session's key is refused before upstream), from a store of
+// 1000 sessions.
+func BenchmarkResolve(b *testing.B) {
+	s, err := New(b.TempDir(), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for i := range 1000 {
+		if err := s.CreateSession(trace.Session{ID: fmt.Sprintf("s%d", i), TaskID: "t", GroupID: fmt.Sprintf("g%d", i/8)}, fmt.Sprintf("k%d", i), 8); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		if sess, err := s.Resolve(fmt.Sprintf("k%d", i%1000)); err != nil || !sess.Running() {
+			b.Fatal(sess, err)
+		}
+	}
+}

@@ -550,16 +550,19 @@ func (s *Store) AddKey(key, session string) error {
 	})
 }
 
-// Resolve returns the session of key (trace.SessionKeys).
-func (s *Store) Resolve(key string) (string, bool) {
-	var id string
-	s.view(func(tx *bolt.Tx) error { //nolint:errcheck
-		if v := tx.Bucket(bKeys).Get([]byte(key)); v != nil {
-			id = string(v)
+// Resolve returns the session of key, without its calls (trace.SessionKeys).
+func (s *Store) Resolve(key string) (trace.Session, error) {
+	var out trace.Session
+	err := s.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bKeys).Get([]byte(key))
+		if v == nil {
+			return fmt.Errorf("resolve: %w (unknown key)", ErrUnknownSession)
 		}
-		return nil
+		var err error
+		out, _, err = readSession(tx, string(v), false)
+		return err
 	})
-	return id, id != ""
+	return out, err
 }
 
 // Open resolves key, creating a session with id key (no task, no group) and key as its key

@@ -26,7 +26,7 @@ import (
 // importing the proxy.
 var (
 	_ interface {
-		Resolve(key string) (string, bool)
+		Resolve(key string) (trace.Session, error)
 		Open(key string) (string, error)
 	} = (*Store)(nil)
 	_ interface {
@@ -225,8 +225,8 @@ func TestRoundTrip(t *testing.T) {
 				if err := s.CreateSession(trace.Session{ID: name, TaskID: "task", GroupID: "g"}, "key-"+name, 0); err != nil {
 					t.Fatal(err)
 				}
-				if got, ok := s.Resolve("key-" + name); !ok || got != name {
-					t.Fatalf("Resolve = %q %v", got, ok)
+				if got, err := s.Resolve("key-" + name); err != nil || got.ID != name {
+					t.Fatalf("Resolve = %+v %v", got, err)
 				}
 				// Half before a restart, half after: the references resume from disk.
 				for i := range calls {
@@ -382,11 +382,11 @@ func TestSessionLifecycle(t *testing.T) {
 			t.Errorf("%s: err %v, want %v", tc.name, tc.err, tc.is)
 		}
 	}
-	if id, ok := s.Resolve("kb"); !ok || id != "b" {
-		t.Fatalf("Resolve(kb) = %q %v", id, ok)
+	if got, err := s.Resolve("kb"); err != nil || got.ID != "b" {
+		t.Fatalf("Resolve(kb) = %+v %v", got, err)
 	}
-	if _, ok := s.Resolve("unknown"); ok {
-		t.Fatal("unknown key resolved")
+	if _, err := s.Resolve("unknown"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("unknown key resolved: %v", err)
 	}
 	// Open: an unknown key makes a session; a known key resolves.
 	id, err := s.Open("open-key")

@@ -19,9 +19,9 @@ import (
 )
 
 // Store is an in-memory trace store. The zero value is an empty store ready to use; its
-// methods are safe for concurrent use. Besides the contract, a session's id is also a key
-// of it (the proxy's x-floe-session header), and AddSession registers a key for a session
-// that was never created (floe proxy -session KEY=SESSION).
+// methods are safe for concurrent use. Besides the contract, AddSession registers a key
+// for a session that was never created (floe proxy -session KEY=SESSION). A session's id
+// is never a key of it.
 type Store struct {
 	mu       sync.Mutex
 	keys     map[string]string
@@ -88,12 +88,18 @@ func (m *Store) addSessionLocked(s trace.Session) {
 	}
 }
 
-// Resolve returns the session of key (trace.SessionKeys).
-func (m *Store) Resolve(key string) (string, bool) {
+// Resolve returns the session of key, without its calls (trace.SessionKeys).
+func (m *Store) Resolve(key string) (trace.Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s, ok := m.keys[key]
-	return s, ok
+	m.init()
+	id, ok := m.keys[key]
+	if !ok || m.sessions[id] == nil {
+		return trace.Session{}, fmt.Errorf("resolve: %w (unknown key)", trace.ErrUnknownSession)
+	}
+	out := m.sessions[id].s
+	out.Calls = nil
+	return out, nil
 }
 
 // Open resolves key, creating a session with id key (no task, no group) and key as its key
@@ -160,7 +166,7 @@ func cloneCall(c trace.Call) trace.Call {
 }
 
 // CreateSession stores a new running session s (its ID, TaskID and GroupID) with key as
-// its API key (none when empty) and its id as a key too. The session joins group
+// its API key (none when empty); its id is not a key. The session joins group
 // s.GroupID, created on first use; every session of a group must have the group's task,
 // and a group in a step, dropped or timed out takes no new session. A positive
 // groupSize sets the group's size at once, or fails with trace.ErrGroupSize, creating
@@ -205,9 +211,6 @@ func (m *Store) CreateSession(s trace.Session, key string, groupSize int) error 
 	m.addSessionLocked(s)
 	if key != "" {
 		m.keys[key] = s.ID
-	}
-	if _, ok := m.keys[s.ID]; !ok {
-		m.keys[s.ID] = s.ID // x-floe-session: <id>
 	}
 	return nil
 }

@@ -259,11 +259,14 @@ func Sessions(t *testing.T, f Factory[Store]) {
 	t.Run("create, resolve, read", func(t *testing.T) {
 		s := f.New(t)
 		must(t, s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k1", 0))
-		if id, ok := s.Resolve("k1"); !ok || id != "s1" {
-			t.Errorf("Resolve(k1) = %q %v, want s1", id, ok)
+		if got, err := s.Resolve("k1"); err != nil || got.ID != "s1" || got.TaskID != "t" || got.GroupID != "g" || !got.Running() {
+			t.Errorf("Resolve(k1) = %+v %v, want s1 running", got, err)
 		}
-		if id, ok := s.Resolve("nope"); ok {
-			t.Errorf("Resolve of an unknown key = %q", id)
+		if got, err := s.Resolve("nope"); !errors.Is(err, trace.ErrUnknownSession) {
+			t.Errorf("Resolve of an unknown key = %+v %v, want ErrUnknownSession", got, err)
+		}
+		if got, err := s.Resolve("s1"); !errors.Is(err, trace.ErrUnknownSession) {
+			t.Errorf("a session's id resolves as a key: %+v %v", got, err)
 		}
 		wantErr(t, "CreateSession of a taken id", s.CreateSession(trace.Session{ID: "s1", TaskID: "t", GroupID: "g"}, "k2", 0), trace.ErrSessionExists)
 		if err := s.CreateSession(trace.Session{ID: "s2", TaskID: "t"}, "k1", 0); err == nil {
@@ -298,6 +301,14 @@ func Sessions(t *testing.T, f Factory[Store]) {
 			t.Errorf("finished session = %+v, want reward 0.5 failed (the first finish)", got)
 		}
 		wantErr(t, "Record in a finished session", s.Record(bg, call("s", 0, 1)), trace.ErrSessionFinished)
+		must(t, s.CreateSession(trace.Session{ID: "k", TaskID: "t", GroupID: "g"}, "key-k", 0))
+		if got, err := s.Resolve("key-k"); err != nil || !got.Running() {
+			t.Errorf("Resolve of a running session's key = %+v %v", got, err)
+		}
+		must(t, s.FinishSession("k", -1, trace.StatusTimeout))
+		if got, err := s.Resolve("key-k"); err != nil || got.ID != "k" || got.Running() || got.Status != trace.StatusTimeout {
+			t.Errorf("Resolve of a timed-out session's key = %+v %v, want k, not running", got, err)
+		}
 		wantErr(t, "Record in an unknown session", s.Record(bg, call("nope", 0, 1)), trace.ErrUnknownSession)
 	})
 	t.Run("group size", func(t *testing.T) {
@@ -324,7 +335,7 @@ func Sessions(t *testing.T, f Factory[Store]) {
 		if _, err := s.Session("d"); !errors.Is(err, trace.ErrUnknownSession) {
 			t.Errorf("the refused session exists: %v", err)
 		}
-		if _, ok := s.Resolve("kd"); ok {
+		if _, err := s.Resolve("kd"); !errors.Is(err, trace.ErrUnknownSession) {
 			t.Error("the refused session's key resolves")
 		}
 		wantErr(t, "a second size through SetGroupSize", s.SetGroupSize("g", 5), trace.ErrGroupSize)
@@ -346,8 +357,8 @@ func Sessions(t *testing.T, f Factory[Store]) {
 		if again, err := s.Open("fresh"); err != nil || again != id {
 			t.Errorf("Open again = %q %v, want %q", again, err, id)
 		}
-		if got, ok := s.Resolve("fresh"); !ok || got != id {
-			t.Errorf("Resolve after Open = %q %v", got, ok)
+		if got, err := s.Resolve("fresh"); err != nil || got.ID != id || !got.Running() {
+			t.Errorf("Resolve after Open = %+v %v", got, err)
 		}
 		must(t, s.Record(bg, call(id, 0, 1)))
 		must(t, s.CreateSession(trace.Session{ID: "known", TaskID: "t"}, "known-key", 0))
@@ -366,8 +377,11 @@ func Sessions(t *testing.T, f Factory[Store]) {
 		must(t, s.CreateSession(trace.Session{ID: "b", TaskID: "t", GroupID: "g"}, "kb", 0))
 		must(t, s.FinishSession("b", 1, trace.StatusCompleted))
 		s = f.Reopen(t, s)
-		if id, ok := s.Resolve("ka"); !ok || id != "a" {
-			t.Errorf("Resolve after a restart = %q %v", id, ok)
+		if got, err := s.Resolve("ka"); err != nil || got.ID != "a" || !got.Running() {
+			t.Errorf("Resolve after a restart = %+v %v", got, err)
+		}
+		if got, err := s.Resolve("kb"); err != nil || got.ID != "b" || got.Running() {
+			t.Errorf("Resolve of a finished session's key after a restart = %+v %v", got, err)
 		}
 		wantErr(t, "a second finish after a restart", s.FinishSession("b", 1, trace.StatusCompleted), trace.ErrSessionFinished)
 		wantErr(t, "another group size after a restart", s.SetGroupSize("g", 2), trace.ErrGroupSize)

@@ -267,6 +267,33 @@ def test_auth(floe_server: Start) -> None:
         assert client.status()["committed"] == 1
 
 
+def test_auth_token_file_and_env(floe_server: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token from -flight-token-file (never on a command line); FloeClient without a
+    token reads $FLOE_FLIGHT_TOKEN, and pyarrow without the header is refused."""
+    path = tmp_path / "flight.token"
+    path.write_text("from-a-file\n")
+    server = floe_server(groups=GROUPS, flight_token_file=str(path))
+    monkeypatch.delenv("FLOE_FLIGHT_TOKEN", raising=False)
+    with FloeClient(server.location) as client:
+        with pytest.raises(Unauthenticated):
+            client.status()
+    err = _raw_error(lambda: list(flight.FlightClient(server.location).do_action(flight.Action("commit", b'{"step": 0}'))))
+    assert isinstance(translate_error(err), Unauthenticated)
+    monkeypatch.setenv("FLOE_FLIGHT_TOKEN", "wrong")
+    with FloeClient(server.location) as client:
+        with pytest.raises(Unauthenticated):
+            client.commit(0)
+    monkeypatch.setenv("FLOE_FLIGHT_TOKEN", "from-a-file")
+    with FloeClient(server.location) as client:
+        step = client.read_step(0)
+        assert len(step.micro_batches) == step.info.micro_batches_per_rank
+        assert client.commit(0)["committed"] is True
+    # an explicit token wins over the environment
+    with FloeClient(server.location, token="wrong") as client:
+        with pytest.raises(Unauthenticated):
+            client.status()
+
+
 # --- waiting for READY ------------------------------------------------------------------
 
 

@@ -77,6 +77,8 @@ __all__ = [
 ]
 
 DEFAULT_LOCATION = "grpc+tcp://127.0.0.1:8815"
+#: the environment variable FloeClient reads its bearer token from when none is given
+FLIGHT_TOKEN_ENV = "FLOE_FLIGHT_TOKEN"
 
 
 # --- errors --------------------------------------------------------------------------
@@ -371,7 +373,9 @@ class FloeClient:
     without ``world_size`` leaves the world size unknown: ``None``). When the world size is
     known, :meth:`read_step` checks it against the server's number of ranks. ``timeout`` (seconds) is
     the default deadline of every call; calls that wait for a step pass it to the server,
-    which waits at most that long for the step to become READY.
+    which waits at most that long for the step to become READY. ``token`` is the bearer
+    token floe's Flight service requires (``-flight-token-file``); when none is given, it
+    is read from ``$FLOE_FLIGHT_TOKEN``, so that it never needs to appear on a command line.
     """
 
     def __init__(
@@ -394,6 +398,8 @@ class FloeClient:
         self.rank = rank
         self.world_size: int | None = world_size
         self.timeout = float(timeout)
+        if token is None:
+            token = os.environ.get(FLIGHT_TOKEN_ENV, "").strip() or None
         self._headers: list[tuple[bytes, bytes]] = (
             [] if token is None else [(b"authorization", b"Bearer " + token.encode())]
         )
