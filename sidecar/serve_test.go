@@ -496,7 +496,7 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 	}
 	// Groups that cannot train are dropped as they complete, and the status lists them.
 	waitFor(t, "g2 and g3 dropped", func() bool { return metric(r.metrics(), `floe_groups{state="dropped"}`) == 2 })
-	resp, err := http.Get(r.proxy + "/floe/v1/status")
+	resp, err := http.Get(r.control + "/floe/v1/status")
 	if err != nil {
 		t.Fatal(err)
 	}
