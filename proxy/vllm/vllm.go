@@ -269,6 +269,10 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 		if errors.Is(err, proxy.ErrCallerGone) || ctx.Err() != nil {
 			return res, proxy.ErrCallerGone
 		}
+		var timeout *proxy.Error
+		if errors.As(err, &timeout) && timeout.Kind == proxy.ErrTimeout {
+			return res, timeout
+		}
 		return res, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server's stream broke: " + err.Error()}
 	}
 	if !done {
