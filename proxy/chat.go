@@ -163,7 +163,6 @@ const (
 	ErrCapacity ErrorKind = "capacity"
 )
 
-
 // Error is an error to show the caller in its provider's shape, with Status as HTTP status.
 type Error struct {
 	Status  int
