@@ -70,13 +70,17 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		"gpu-memory", "group-size", "group-timeout", "groups-per-step", "max-staleness", "memory-target",
 		"min-group-size", "model", "open-sessions", "pad-multiple", "proxy-addr", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
+	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight",
+		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
+	all = append(all, limits...)
+	sort.Strings(all)
 	tests := []struct {
 		name  string
 		names []string
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, []string{"engine", "model", "open-sessions", "proxy-addr", "upstream"}},
+		{"proxy", ProxyFlags, sorted(append([]string{"engine", "model", "open-sessions", "proxy-addr", "upstream"}, limits...))},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
 			[]string{"flight-addr", "flight-token", "groups-per-step", "steps-ahead"}},
 	}
@@ -132,4 +136,9 @@ func TestRegisterFlagsPanicsOnAnUnknownName(t *testing.T) {
 	}()
 	c := DefaultConfig()
 	c.RegisterFlags(flag.NewFlagSet("test", flag.ContinueOnError), "upstreams")
+}
+
+func sorted(s []string) []string {
+	sort.Strings(s)
+	return s
 }

@@ -64,10 +64,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer file.Close()
 		rec = teeRecorder{store, file}
 	}
-	gate := &proxy.Gate{}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout}
 	srv := &proxy.Server{
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
+		Limits: cfg.ProxyLimits,
 	}
 	lis, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
