@@ -62,11 +62,13 @@ func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) 
 	}
 	r := *req
 	r.Model, r.Stream = model, stream
-	vr := request{ChatRequest: &r, Logprobs: true, ReturnTokenIDs: true}
-	if stream {
-		vr.StreamOptions = map[string]any{"include_usage": true}
-	}
-	b, err := gojson.Marshal(vr)
+	b, err := upstream.EncodeRequest(&r, func(r *proxy.ChatRequest) ([]byte, error) {
+		vr := request{ChatRequest: r, Logprobs: true, ReturnTokenIDs: true}
+		if stream {
+			vr.StreamOptions = map[string]any{"include_usage": true}
+		}
+		return gojson.Marshal(vr)
+	})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
 	}
