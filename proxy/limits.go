@@ -138,7 +138,9 @@ func capacityError(max int) *Error {
 // deadlineWriter sets a write deadline before each write to the caller, so that a
 // harness that stops reading its answer is dropped after Limits.ClientIdle instead of
 // holding its call (and with it a weight sync) for ever. The deadline is moved forward
-// at most every eighth of the limit, so a write always has at least 7/8 of it.
+// at most every eighth of the limit, so a write always has at least 7/8 of it. The
+// deadline also bounds what net/http writes after the handler returns (the end of a
+// chunked answer); net/http then clears it before the connection's next request.
 type deadlineWriter struct {
 	http.ResponseWriter
 	rc       *http.ResponseController

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"testing"
@@ -487,5 +488,58 @@ func TestHealthCheck(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 503 || !strings.Contains(string(b), "the disk is full") {
 		t.Errorf("%d %s", resp.StatusCode, b)
+	}
+}
+
+// TestKeepAliveOutlivesTheClientIdleLimit: the write deadline of one answer does not
+// outlive it (net/http clears it after each request): the connection's next request,
+// sent after longer than the limit, is answered, by the proxy or by a handler beside it
+// on the same listener (the control API's, in floe proxy).
+func TestKeepAliveOutlivesTheClientIdleLimit(t *testing.T) {
+	up := &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"}
+	upstream := httptest.NewServer(up.handler())
+	defer upstream.Close()
+	store := &mem.Store{}
+	store.AddSession("k", "s")
+	proxySrv := &proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream.URL, Model: "m"},
+		Sessions: store, Recorder: store, Limits: proxy.Limits{ClientIdle: 50 * time.Millisecond}, Log: slog.New(slog.DiscardHandler)}
+	mux := http.NewServeMux()
+	mux.Handle("/", proxySrv)
+	mux.HandleFunc("/other", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"data":[{"id":"Hel"}]}`)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	px := srv.URL
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	var conns sync.Map
+	for i, extra := range []string{`,"stream":true`, "other", "", "other", `,"stream":true`} {
+		trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { conns.Store(info.Conn.LocalAddr().String(), true) }}
+		path := "/v1/chat/completions"
+		if extra == "other" {
+			path, extra = "/other", ""
+		}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodPost,
+			px+path, strings.NewReader(fmt.Sprintf(chatBody, extra)))
+		req.Header.Set("Authorization", "Bearer k")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), "Hel") {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+		time.Sleep(150 * time.Millisecond) // three times the limit
+	}
+	n := 0
+	conns.Range(func(any, any) bool { n++; return true })
+	if n != 1 {
+		t.Errorf("the requests used %d connections; want one kept alive", n)
+	}
+	if calls := store.Calls("s"); len(calls) != 3 || !calls[2].Trainable {
+		t.Errorf("recorded %d calls; want 3, trainable", len(calls))
 	}
 }

@@ -54,8 +54,8 @@ func (r repeatReader) Read(p []byte) (int, error) {
 // the upstream request: two at a time). A twentieth of a body per request is allowed
 // for connections, buffers and goroutines.
 func TestPeakMemoryPerMaximumSizeRequest(t *testing.T) {
-	if testing.Short() {
-		t.Skip("sends hundreds of MiB")
+	if testing.Short() || raceEnabled {
+		t.Skip("sends hundreds of MiB; heap peaks mean nothing under the race detector")
 	}
 	const n, size = 4, proxy.DefaultMaxBodyBytes
 	for _, tt := range []struct {

@@ -155,15 +155,15 @@ func key(r *http.Request) string {
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/healthz" {
-		s.healthz(w)
-		return
-	}
 	lim := s.Limits.withDefaults()
 	var dw *deadlineWriter
 	if lim.ClientIdle > 0 {
 		dw = newDeadlineWriter(w, lim.ClientIdle)
 		w = dw
+	}
+	if r.URL.Path == "/healthz" {
+		s.healthz(w)
+		return
 	}
 	if !s.slots.acquire(lim.MaxInflight) {
 		d, _ := s.route(r, nil)
