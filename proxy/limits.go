@@ -90,6 +90,10 @@ func (l Limits) withDefaults() Limits {
 	}
 }
 
+func (l Limits) upstream() UpstreamTimeouts {
+	return UpstreamTimeouts{Connect: l.UpstreamConnect, FirstByte: l.UpstreamFirstByte, Idle: l.UpstreamIdle}
+}
+
 // UpstreamTimeouts are the deadlines of one upstream call, carried in its context from
 // the Server to the engine (WithUpstreamTimeouts); 0 is no limit.
 type UpstreamTimeouts struct {

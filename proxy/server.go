@@ -204,7 +204,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Message: "unknown API key: create a session with POST /floe/v1/sessions and use its api_key"})
 		return
 	}
-	ctx := r.Context()
+	ctx := WithUpstreamTimeouts(r.Context(), lim.upstream())
 	switch op {
 	case opModels:
 		models, err := s.Engine.Models(ctx)
@@ -368,7 +368,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		defer leave()
 		ctx, version = c, v
 	}
-	upCtx := WithUpstreamTimeouts(ctx, UpstreamTimeouts{Connect: lim.UpstreamConnect, FirstByte: lim.UpstreamFirstByte, Idle: lim.UpstreamIdle})
+	upCtx := WithUpstreamTimeouts(ctx, lim.upstream())
 	rec := func(res *Result, problem string) error {
 		return s.record(ctx, d, req, res, session, version, started, body, problem)
 	}
