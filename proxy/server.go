@@ -370,7 +370,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	}
 	upCtx := WithUpstreamTimeouts(ctx, lim.upstream())
 	rec := func(res *Result, problem string) error {
-		return s.record(ctx, d, req, res, session, version, started, body, problem)
+		// The caller's context, not the call's: a call the upstream finished is recorded
+		// even if a drain cut it off just after.
+		return s.record(r.Context(), d, req, res, session, version, started, body, problem)
 	}
 	// recFailed records a call that ended early, with what it generated (nothing, if it
 	// has no choices), as untrainable; it outlives the call's context.
@@ -422,7 +424,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		// the whole answer, so they are not trained on.
 		reason, e := abortReason(ctx, dw, lim)
 		if e == nil { // the caller is gone
-			if res != nil {
+			if res != nil && len(res.Response.Choices) > 0 {
 				recFailed(res, reason)
 			}
 			return
