@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -541,5 +543,37 @@ func TestKeepAliveOutlivesTheClientIdleLimit(t *testing.T) {
 	}
 	if calls := store.Calls("s"); len(calls) != 3 || !calls[2].Trainable {
 		t.Errorf("recorded %d calls; want 3, trainable", len(calls))
+	}
+}
+
+// TestTricklingBodyIsDropped: a harness that sends part of its body and stops gets a 408
+// after the client idle limit, and the -max-inflight slot it held is free again.
+func TestTricklingBodyIsDropped(t *testing.T) {
+	up := &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"}
+	upstream := httptest.NewServer(up.handler())
+	defer upstream.Close()
+	_, px := limitsProxy(t, upstream.URL, proxy.Limits{ClientIdle: 100 * time.Millisecond, MaxInflight: 1}, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(px, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	// net/http drops a connection whose body read failed, so the 408 floe answers may
+	// not arrive; the connection must end either way, and soon.
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	var ne net.Error
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		t.Fatal("the connection of a trickled body is still open")
+	case err == nil:
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 408 || !strings.Contains(string(b), "client-idle-timeout") {
+			t.Errorf("%d %s; want 408 naming -client-idle-timeout", resp.StatusCode, b)
+		}
+	}
+	if status, body := postChat(t, px, ""); status != 200 {
+		t.Errorf("the next call: %d %s; want the slot free", status, body)
 	}
 }

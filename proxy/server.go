@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -156,6 +157,7 @@ func key(r *http.Request) string {
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	lim := s.Limits.withDefaults()
+	raw := w
 	var dw *deadlineWriter
 	if lim.ClientIdle > 0 {
 		dw = newDeadlineWriter(w, lim.ClientIdle)
@@ -179,7 +181,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if limit <= 0 {
 		limit = DefaultMaxBodyBytes
 	}
-	body, err := readBody(w, r, limit)
+	body, err := readBody(raw, r, limit, lim.ClientIdle)
 	d, op := s.route(r, body)
 	if d == nil {
 		d = s.fallbackDialect()
@@ -189,6 +191,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &tooLarge) {
 			s.writeError(w, d, &Error{Status: http.StatusRequestEntityTooLarge, Kind: ErrTooLarge,
 				Message: fmt.Sprintf("request body is larger than the limit of %d bytes", limit)})
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.writeError(w, d, &Error{Status: http.StatusRequestTimeout, Kind: ErrInvalidRequest,
+				Message: fmt.Sprintf("the request body stopped arriving for %s (floe's -client-idle-timeout)", lim.ClientIdle)})
 			return
 		}
 		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
@@ -243,18 +250,55 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // readBody reads a request body of at most limit bytes: into one buffer of its
 // Content-Length when it has one (io.ReadAll would grow a copy by doubling, up to twice
-// the body), refusing a declared length over the limit before reading anything.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+// the body), refusing a declared length over the limit before reading anything. With
+// idle > 0, a body that stops arriving for idle fails with os.ErrDeadlineExceeded: a
+// harness trickling its body holds no -max-inflight slot for long.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, idle time.Duration) (body []byte, err error) {
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
-	rd := http.MaxBytesReader(w, r.Body, limit)
+	var rd io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	if idle > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(idle)) == nil {
+			// Cleared once the body is in: net/http's read of the connection while the
+			// handler runs (to see the caller hang up) must not time out. After a
+			// failure it stays, so that net/http drops the connection at once rather
+			// than wait for the rest of the body.
+			defer func() {
+				if err == nil {
+					_ = rc.SetReadDeadline(time.Time{})
+				}
+			}()
+			rd = &idleReader{r: rd, rc: rc, idle: idle}
+		}
+	}
 	if r.ContentLength <= 0 {
 		return io.ReadAll(rd)
 	}
 	buf := make([]byte, r.ContentLength)
 	n, err := io.ReadFull(rd, buf)
 	return buf[:n], err
+}
+
+// idleReader moves the read deadline forward as data arrives (at most every eighth of
+// idle).
+type idleReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+	next int64
+}
+
+func (i *idleReader) Read(p []byte) (int, error) {
+	n, err := i.r.Read(p)
+	if n > 0 {
+		if now := time.Now(); now.UnixNano() >= i.next {
+			_ = i.rc.SetReadDeadline(now.Add(i.idle))
+			i.next = now.Add(i.idle / 8).UnixNano()
+		}
+	}
+	return n, err
 }
 
 // healthz answers ok, or 503 with the reason while the store cannot write (its last write
