@@ -22,6 +22,7 @@ import (
 	"github.com/floe-rl/floe/proxy/anthropic"
 	"github.com/floe-rl/floe/proxy/gemini"
 	"github.com/floe-rl/floe/proxy/openai"
+	"github.com/floe-rl/floe/proxy/sglang"
 	"github.com/floe-rl/floe/proxy/vllm"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
@@ -575,5 +576,26 @@ func TestTricklingBodyIsDropped(t *testing.T) {
 	}
 	if status, body := postChat(t, px, ""); status != 200 {
 		t.Errorf("the next call: %d %s; want the slot free", status, body)
+	}
+}
+
+// TestSGLangFirstByteDeadline: SGLang's answer comes whole (floe never streams from it),
+// so -upstream-first-byte-timeout bounds its whole generation, streaming caller or not.
+func TestSGLangFirstByteDeadline(t *testing.T) {
+	for _, extra := range []string{"", `,"stream":true`} {
+		h, url := newHanging(t, "headers")
+		store := &mem.Store{}
+		store.AddSession("k", "s")
+		srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: sglang.New(url, "m"),
+			Sessions: store, Recorder: store, Limits: proxy.Limits{UpstreamFirstByte: 100 * time.Millisecond}, Log: slog.New(slog.DiscardHandler)})
+		status, body := postChat(t, srv.URL, extra)
+		if status != 504 || !strings.Contains(body, "upstream-first-byte-timeout") {
+			t.Errorf("stream=%v: %d %s; want a 504 naming -upstream-first-byte-timeout", extra != "", status, body)
+		}
+		waitClosed(t, h.cancelled, "cancelling the upstream request")
+		if c := waitCalls(t, store, 1)[0]; c.Trainable || !strings.Contains(c.UntrainableReason, "upstream timeout") {
+			t.Errorf("recorded trainable=%v reason %q", c.Trainable, c.UntrainableReason)
+		}
+		srv.Close()
 	}
 }
