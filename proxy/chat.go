@@ -155,6 +155,12 @@ const (
 	ErrUpstreamUnavailable ErrorKind = "upstream_unavailable"
 	ErrOverloaded          ErrorKind = "overloaded"
 	ErrInternal            ErrorKind = "internal"
+	// ErrTimeout: the inference server ran past one of floe's upstream deadlines (504).
+	ErrTimeout ErrorKind = "timeout"
+	// ErrCapacity: floe is serving its -max-inflight calls already. Status 0: each
+	// dialect answers its provider's own overloaded shape (Anthropic 529
+	// overloaded_error, OpenAI 429, Gemini 429 RESOURCE_EXHAUSTED).
+	ErrCapacity ErrorKind = "capacity"
 )
 
 // Error is an error to show the caller in its provider's shape, with Status as HTTP status.

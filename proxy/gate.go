@@ -4,21 +4,36 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
+// DefaultDrainTimeout is how long Pause waits for the calls in flight by default.
+const DefaultDrainTimeout = 60 * time.Second
+
 // Gate holds upstream calls back during a weight sync. Pause stops new calls (they wait
-// in Enter) and waits for those in flight; Resume releases the waiting calls under a new
-// policy version, which every call made after it records.
+// in Admit) and waits for those in flight, at most DrainTimeout: then it cancels the
+// stragglers (their upstream requests end, and they are recorded untrainable) and
+// returns, so that no single harness ever holds a weight sync. Resume releases the
+// waiting calls under a new policy version, which every call made after it records.
 type Gate struct {
 	// Persist, when set, records a new policy version durably before Resume applies it;
 	// if it fails, Resume fails and the gate stays as it was.
 	Persist func(version int64) error
+	// DrainTimeout bounds Pause's wait for the calls in flight; 0: DefaultDrainTimeout;
+	// negative: no bound.
+	DrainTimeout time.Duration
 
-	mu       sync.Mutex
-	paused   bool
-	version  int64
-	inflight int
-	changed  chan struct{} // closed and replaced on every change
+	mu      sync.Mutex
+	paused  bool
+	version int64
+	calls   map[*admitted]struct{} // in flight
+	drained int64                  // calls cut off by a drain timeout, ever
+	changed chan struct{}          // closed and replaced on every change
+}
+
+// admitted is one call in flight.
+type admitted struct {
+	cancel context.CancelCauseFunc
 }
 
 func (g *Gate) notify() {
@@ -35,22 +50,39 @@ func (g *Gate) wait() <-chan struct{} {
 	return g.changed
 }
 
-// Enter waits while the gate is paused, then admits one call; the call must call leave
-// when its upstream request is over. It returns the policy version the call runs under.
+// Enter is Admit for a caller that has no use for the call's context: the call cannot be
+// cut off by a drain timeout, only forgotten by it.
 func (g *Gate) Enter(ctx context.Context) (version int64, leave func(), err error) {
+	_, version, leave, err = g.Admit(ctx)
+	return version, leave, err
+}
+
+// Admit waits while the gate is paused, then admits one call; the call must run under the
+// returned context and call leave when its upstream request is over. It returns the
+// policy version the call runs under. The context is cancelled with cause ErrDrained when
+// a pause's DrainTimeout runs out before the call leaves.
+func (g *Gate) Admit(ctx context.Context) (callCtx context.Context, version int64, leave func(), err error) {
 	for {
 		g.mu.Lock()
 		if !g.paused {
-			g.inflight++
+			callCtx, cancel := context.WithCancelCause(ctx)
+			a := &admitted{cancel: cancel}
+			if g.calls == nil {
+				g.calls = map[*admitted]struct{}{}
+			}
+			g.calls[a] = struct{}{}
 			v := g.version
 			g.mu.Unlock()
 			var once sync.Once
-			return v, func() {
+			return callCtx, v, func() {
 				once.Do(func() {
 					g.mu.Lock()
-					g.inflight--
-					g.notify()
+					if _, ok := g.calls[a]; ok {
+						delete(g.calls, a)
+						g.notify()
+					}
 					g.mu.Unlock()
+					cancel(nil)
 				})
 			}, nil
 		}
@@ -59,23 +91,39 @@ func (g *Gate) Enter(ctx context.Context) (version int64, leave func(), err erro
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return 0, nil, fmt.Errorf("waiting for the weight sync to end: %w", ctx.Err())
+			return nil, 0, nil, fmt.Errorf("waiting for the weight sync to end: %w", ctx.Err())
 		}
 	}
 }
 
-// Pause stops admitting calls and waits until none is in flight, or until ctx ends (the
-// gate stays paused then). It returns the current policy version.
+// Pause stops admitting calls and waits until none is in flight, or until DrainTimeout:
+// then it cancels those left (with cause ErrDrained) and returns. If ctx ends first, it
+// returns ctx's error and the gate stays paused. It returns the current policy version.
 func (g *Gate) Pause(ctx context.Context) (int64, error) {
 	g.mu.Lock()
 	g.paused = true
 	g.notify()
-	for g.inflight > 0 {
+	var timeout <-chan time.Time
+	if d := g.drainTimeout(); d > 0 && len(g.calls) > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(g.calls) > 0 {
 		ch := g.wait()
-		n := g.inflight
+		n := len(g.calls)
 		g.mu.Unlock()
 		select {
 		case <-ch:
+		case <-timeout:
+			g.mu.Lock()
+			for a := range g.calls {
+				a.cancel(ErrDrained)
+				delete(g.calls, a)
+				g.drained++
+			}
+			g.notify()
+			g.mu.Unlock()
 		case <-ctx.Done():
 			return 0, fmt.Errorf("pause: %d calls still in flight: %w", n, ctx.Err())
 		}
@@ -84,6 +132,16 @@ func (g *Gate) Pause(ctx context.Context) (int64, error) {
 	v := g.version
 	g.mu.Unlock()
 	return v, nil
+}
+
+func (g *Gate) drainTimeout() time.Duration {
+	switch {
+	case g.DrainTimeout == 0:
+		return DefaultDrainTimeout
+	case g.DrainTimeout < 0:
+		return 0
+	}
+	return g.DrainTimeout
 }
 
 // Resume admits calls again under policy version v, which must not go backwards.
@@ -107,5 +165,12 @@ func (g *Gate) Resume(v int64) error {
 func (g *Gate) State() (paused bool, version int64, inflight int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.paused, g.version, g.inflight
+	return g.paused, g.version, len(g.calls)
+}
+
+// Drained is how many calls pauses have cut off at their drain timeout.
+func (g *Gate) Drained() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.drained
 }

@@ -8,7 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/floe-rl/floe/trace"
@@ -40,6 +43,15 @@ type Server struct {
 	// Metrics, when set, is told of every recorded call and every error answered; nil
 	// counts nothing.
 	Metrics Metrics
+	// Limits bound each call's deadlines, the calls served at once and the stored copy of
+	// requests; zero fields take DefaultLimits.
+	Limits Limits
+	// Health, when set, is asked by /healthz; an error makes it answer 503 with the
+	// error's text, which the harness sees (so it must name no session or path).
+	Health func() error
+
+	slots    inflight
+	storeErr atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
 }
 
 // Metrics receives the proxy's counts (floe serve turns them into Prometheus metrics).
@@ -143,16 +155,32 @@ func key(r *http.Request) string {
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	lim := s.Limits.withDefaults()
+	raw := w
+	var dw *deadlineWriter
+	if lim.ClientIdle > 0 {
+		dw = newDeadlineWriter(w, lim.ClientIdle)
+		w = dw
+	}
 	if r.URL.Path == "/healthz" {
-		w.WriteHeader(http.StatusOK)
-		_, _ = io.WriteString(w, "ok\n")
+		s.healthz(w)
 		return
 	}
+	if !s.slots.acquire(lim.MaxInflight) {
+		d, _ := s.route(r, nil)
+		if d == nil {
+			d = s.fallbackDialect()
+		}
+		w.Header().Set("Retry-After", "1")
+		s.writeError(w, d, capacityError(lim.MaxInflight))
+		return
+	}
+	defer s.slots.release(lim.MaxInflight)
 	limit := s.MaxBodyBytes
 	if limit <= 0 {
 		limit = DefaultMaxBodyBytes
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readBody(raw, r, limit, lim.ClientIdle)
 	d, op := s.route(r, body)
 	if d == nil {
 		d = s.fallbackDialect()
@@ -162,6 +190,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &tooLarge) {
 			s.writeError(w, d, &Error{Status: http.StatusRequestEntityTooLarge, Kind: ErrTooLarge,
 				Message: fmt.Sprintf("request body is larger than the limit of %d bytes", limit)})
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.writeError(w, d, &Error{Status: http.StatusRequestTimeout, Kind: ErrInvalidRequest,
+				Message: fmt.Sprintf("the request body stopped arriving for %s (floe's -client-idle-timeout)", lim.ClientIdle)})
 			return
 		}
 		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
@@ -176,7 +209,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, d, aerr)
 		return
 	}
-	ctx := r.Context()
+	ctx := WithUpstreamTimeouts(r.Context(), lim.upstream())
 	switch op {
 	case opModels:
 		models, err := s.Engine.Models(ctx)
@@ -210,7 +243,102 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, d, err)
 		return
 	}
-	s.generate(w, r, d, req, session, body)
+	s.generate(w, r, d, req, session, storedRequest(body, lim.StoredRequestBytes), dw, lim)
+}
+
+// readBody reads a request body of at most limit bytes: into one buffer of its
+// Content-Length when it has one (io.ReadAll would grow a copy by doubling, up to twice
+// the body), refusing a declared length over the limit before reading anything. With
+// idle > 0, a body that stops arriving for idle fails with os.ErrDeadlineExceeded: a
+// harness trickling its body holds no -max-inflight slot for long.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, idle time.Duration) (body []byte, err error) {
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	var rd io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	if idle > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(idle)) == nil {
+			// Cleared once the body is in: net/http's read of the connection while the
+			// handler runs (to see the caller hang up) must not time out. After a
+			// failure it stays, so that net/http drops the connection at once rather
+			// than wait for the rest of the body.
+			defer func() {
+				if err == nil {
+					_ = rc.SetReadDeadline(time.Time{})
+				}
+			}()
+			rd = &idleReader{r: rd, rc: rc, idle: idle}
+		}
+	}
+	if r.ContentLength <= 0 {
+		return io.ReadAll(rd)
+	}
+	buf := make([]byte, r.ContentLength)
+	n, err := io.ReadFull(rd, buf)
+	return buf[:n], err
+}
+
+// idleReader moves the read deadline forward as data arrives (at most every eighth of
+// idle).
+type idleReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+	next int64
+}
+
+func (i *idleReader) Read(p []byte) (int, error) {
+	n, err := i.r.Read(p)
+	if n > 0 {
+		if now := time.Now(); now.UnixNano() >= i.next {
+			_ = i.rc.SetReadDeadline(now.Add(i.idle))
+			i.next = now.Add(i.idle / 8).UnixNano()
+		}
+	}
+	return n, err
+}
+
+// healthz answers ok, or 503 with the reason while the store cannot write (its last write
+// failed, or Health says so).
+func (s *Server) healthz(w http.ResponseWriter) {
+	reason := ""
+	if s.Health != nil {
+		if err := s.Health(); err != nil {
+			reason = err.Error()
+		}
+	}
+	if p := s.storeErr.Load(); p != nil && reason == "" {
+		reason = *p
+	}
+	if reason != "" {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "unavailable: "+reason+"\n")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// storeFailed notes whether the last write to the store failed, for /healthz. The
+// reason names no session or path: the harness can read /healthz.
+func (s *Server) storeFailed(err error) {
+	if err == nil {
+		if s.storeErr.Load() != nil {
+			s.storeErr.Store(nil)
+		}
+		return
+	}
+	if errors.Is(err, trace.ErrSessionFinished) || errors.Is(err, trace.ErrUnknownSession) ||
+		errors.Is(err, trace.ErrInvalidCall) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return // the call's fault, not the store's
+	}
+	reason := "the trace store cannot write (floe's log says why)"
+	if errors.Is(err, syscall.ENOSPC) {
+		reason = "the trace store cannot write: no space left on device"
+	}
+	s.storeErr.Store(&reason)
 }
 
 func (s *Server) fallbackDialect() Dialect {
@@ -281,25 +409,54 @@ func (s *Server) countError(d Dialect, kind ErrorKind) {
 
 // generate runs one model call: wait for the gate, call upstream (streaming to the caller
 // as it goes), record the call, and only then finish the answer, so that a call is durable
-// before the harness sees its end.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req *Request, session string, body []byte) {
+// before the harness sees its end. body is the request as stored (storedRequest); dw,
+// when set, is w's write-deadline wrapper.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req *Request, session string, body []byte,
+	dw *deadlineWriter, lim Limits) {
 	ctx := r.Context()
 	started := s.now()
 	var version int64
 	if s.Gate != nil {
-		v, leave, err := s.Gate.Enter(ctx)
+		c, v, leave, err := s.Gate.Admit(ctx)
 		if err != nil {
 			return // the caller went away while paused
 		}
 		defer leave()
-		version = v
+		ctx, version = c, v
 	}
+	upCtx := WithUpstreamTimeouts(ctx, lim.upstream())
 	rec := func(res *Result, problem string) error {
-		return s.record(ctx, d, req, res, session, version, started, body, problem)
+		// The caller's context, not the call's: a call the upstream finished is recorded
+		// even if a drain cut it off just after.
+		return s.record(r.Context(), d, req, res, session, version, started, body, problem)
+	}
+	// recFailed records a call that ended early, with what it generated (nothing, if it
+	// has no choices), as untrainable; it outlives the call's context.
+	recFailed := func(res *Result, problem string) {
+		if res == nil || len(res.Response.Choices) == 0 {
+			res = &Result{Response: Response{Choices: []Choice{{Message: ChatMessage{Role: "assistant", Content: ""}}}}}
+		}
+		if err := s.record(context.WithoutCancel(ctx), d, req, res, session, version, started, body, problem); err != nil {
+			s.log().Error("recording an aborted call", "err", err)
+		}
 	}
 	if !req.Stream {
-		res, err := s.Engine.Complete(ctx, &req.Chat)
-		if err != nil {
+		res, err := s.Engine.Complete(upCtx, &req.Chat)
+		var timeout *Error
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			reason, e := abortReason(ctx, dw, lim)
+			if e != nil { // drained: the caller is still there
+				recFailed(nil, reason)
+				s.writeError(w, d, e)
+			}
+			return
+		case errors.As(err, &timeout) && timeout.Kind == ErrTimeout:
+			recFailed(nil, "upstream timeout: "+timeout.Message)
+			s.writeError(w, d, timeout)
+			return
+		default:
 			s.fail(w, d, err)
 			return
 		}
@@ -313,20 +470,33 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		return
 	}
 	sink := &streamSink{w: batchingWriter{w}, d: d, req: req}
-	res, err := s.Engine.Stream(ctx, &req.Chat, sink)
+	res, err := s.Engine.Stream(upCtx, &req.Chat, sink)
 	stream := sink.stream
 	defer sink.Flush()
+	var timeout *Error
 	switch {
 	case errors.Is(err, ErrCallerGone) || ctx.Err() != nil:
 		// Record what was generated: the tokens were sampled, but the harness never saw
 		// the whole answer, so they are not trained on.
-		if res != nil {
-			_ = s.record(context.WithoutCancel(ctx), d, req, res, session, version, started, body,
-				"aborted: the caller disconnected mid-stream")
+		reason, e := abortReason(ctx, dw, lim)
+		if e == nil { // the caller is gone
+			if res != nil && len(res.Response.Choices) > 0 {
+				recFailed(res, reason)
+			}
+			return
+		}
+		recFailed(res, reason)
+		s.countError(d, e.Kind)
+		if stream == nil {
+			d.WriteError(w, e)
+		} else {
+			_ = stream.Fail(e)
 		}
 		return
 	case err != nil:
-		if res != nil && len(res.Response.Choices) > 0 {
+		if errors.As(err, &timeout) && timeout.Kind == ErrTimeout {
+			recFailed(res, "upstream timeout: "+timeout.Message)
+		} else if res != nil && len(res.Response.Choices) > 0 {
 			_ = rec(res, "the upstream stream broke: "+err.Error())
 		}
 		if stream == nil {
@@ -380,7 +550,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 			PromptIDs: res.PromptIDs, ResponseIDs: td.ResponseIDs, Logprobs: td.Logprobs,
 			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true,
 			API: d.Name(), Started: started, Finished: finished, UpstreamLatency: res.Latency,
-			Request: body, UpstreamRequest: res.Upstream, Response: msg,
+			Request: body, UpstreamRequest: validUTF8(res.Upstream), Response: msg,
 		}
 		switch {
 		case problem != "":
@@ -395,7 +565,9 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		if !c.Trainable {
 			s.log().Warn("call recorded as untrainable", "session", session, "reason", c.UntrainableReason)
 		}
-		if err := s.Recorder.Record(ctx, &c); err != nil {
+		err := s.Recorder.Record(ctx, &c)
+		s.storeFailed(err)
+		if err != nil {
 			return fmt.Errorf("recording a call of session %s: %w", session, err)
 		}
 		if s.Metrics != nil {

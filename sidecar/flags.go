@@ -14,7 +14,9 @@ import (
 // serves them all.
 var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
-	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions"}
+	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions",
+		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
+		"drain-timeout", "max-inflight"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
 	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
@@ -117,6 +119,30 @@ var serveFlags = []struct {
 	{"max-staleness", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.Int64Var(&c.MaxStaleness, n, c.MaxStaleness,
 			"train on a call only if its policy version lags the current one (the last resume) by at most this many versions; older calls are counted and kept as context (-1: no limit)")
+	}},
+	{"upstream-connect-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.ProxyLimits.UpstreamConnect, n, c.ProxyLimits.UpstreamConnect,
+			"give up connecting to the inference server after this long: the caller gets a 504 and the call is recorded untrainable (negative: no limit)")
+	}},
+	{"upstream-first-byte-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.ProxyLimits.UpstreamFirstByte, n, c.ProxyLimits.UpstreamFirstByte,
+			"give up on an upstream call whose answer has not begun after this long; a non-streamed answer (every SGLang call) must be complete by then (negative: no limit)")
+	}},
+	{"upstream-idle-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.ProxyLimits.UpstreamIdle, n, c.ProxyLimits.UpstreamIdle,
+			"give up on an upstream answer that sends nothing for this long once begun (negative: no limit)")
+	}},
+	{"client-idle-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.ProxyLimits.ClientIdle, n, c.ProxyLimits.ClientIdle,
+			"drop a harness that reads nothing of its answer for this long; its call is recorded as aborted (negative: no limit)")
+	}},
+	{"drain-timeout", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.DrainTimeout, n, c.DrainTimeout,
+			"a pause for a weight sync waits this long for calls in flight, then cuts them off (recorded untrainable) (negative: no limit)")
+	}},
+	{"max-inflight", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.ProxyLimits.MaxInflight, n, c.ProxyLimits.MaxInflight,
+			"most model calls served at once; past it a call gets its provider's overloaded error at once (negative: no limit)")
 	}},
 }
 

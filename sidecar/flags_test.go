@@ -76,13 +76,17 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "proxy-addr",
 		"steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
+	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight",
+		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
+	all = append(all, limits...)
+	sort.Strings(all)
 	tests := []struct {
 		name  string
 		names []string
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, []string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "upstream"}},
+		{"proxy", ProxyFlags, sorted(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "upstream"}, limits...))},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
 			[]string{"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead"}},
 	}
@@ -219,4 +223,9 @@ func TestLoadTokens(t *testing.T) {
 	if err := c.LoadTokens(func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "-flight-token-file") {
 		t.Errorf("a missing token file: %v", err)
 	}
+}
+
+func sorted(s []string) []string {
+	sort.Strings(s)
+	return s
 }

@@ -82,6 +82,14 @@ type Config struct {
 	GPU gpu.Lib
 	// Observer, when set, is told of every step's formation, reports and commit.
 	Observer StepObserver
+
+	// ProxyLimits bound what one harness can hold of the proxy: upstream and client
+	// deadlines, concurrent calls, the stored copy of requests (docs/proxy.md, "Limits
+	// and deadlines").
+	ProxyLimits proxy.Limits
+	// DrainTimeout bounds how long a pause waits for calls in flight before it cuts them
+	// off (recorded untrainable); negative: no bound.
+	DrainTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -91,6 +99,7 @@ func DefaultConfig() Config {
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
+		ProxyLimits: proxy.DefaultLimits(), DrainTimeout: proxy.DefaultDrainTimeout,
 	}
 }
 
@@ -259,7 +268,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
-	gate := &proxy.Gate{}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout}
 	if err := gate.Resume(version); err != nil {
 		return err
 	}
@@ -273,7 +282,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		}
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
-		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics}
+		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
+		Limits: cfg.ProxyLimits}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)

@@ -69,10 +69,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer file.Close()
 		rec = teeRecorder{store, file}
 	}
-	gate := &proxy.Gate{}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout}
 	srv := &proxy.Server{
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
+		Limits: cfg.ProxyLimits,
 	}
 	if err := cfg.LoadTokens(os.Getenv); err != nil {
 		return err

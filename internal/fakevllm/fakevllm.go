@@ -10,9 +10,21 @@ import (
 	"net/http"
 )
 
+// Options change how the fake answers, for tests of floe's deadlines and limits.
+type Options struct {
+	// Hold, when set, is called with each chat completion request after its body is read
+	// and before it is answered: a test blocks in it to play a hung or slow inference
+	// server (returning when r's context ends, which is floe giving up on the call), or
+	// counts the calls in flight.
+	Hold func(r *http.Request)
+}
+
 // Handler serves GET /v1/models and non-streaming POST /v1/chat/completions with
 // prompt_token_ids, token_ids and logprobs.
-func Handler() http.Handler {
+func Handler() http.Handler { return HandlerWith(Options{}) }
+
+// HandlerWith is Handler with opts.
+func HandlerWith(opts Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, `{"data":[{"id":"m"}]}`)
@@ -26,6 +38,12 @@ func Handler() http.Handler {
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			http.Error(w, `{"object":"error","message":"bad JSON"}`, http.StatusBadRequest)
 			return
+		}
+		if opts.Hold != nil {
+			opts.Hold(r)
+			if r.Context().Err() != nil {
+				return // the caller gave up
+			}
 		}
 		var prompt []int32
 		for _, m := range req.Messages {

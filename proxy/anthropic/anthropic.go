@@ -60,7 +60,8 @@ import (
 //     tool_calls → tool_use, content_filter → refusal; a stop with tool calls is tool_use.
 //   - Errors: invalid_request_error (400), authentication_error (401), permission_error
 //     (403), not_found_error (404), request_too_large (413), rate_limit_error (429),
-//     overloaded_error (ErrOverloaded, or any 503/529), api_error otherwise (502, 500). A
+//     overloaded_error (ErrOverloaded, or any 503/529; 529 for floe's -max-inflight cap),
+//     timeout_error (504, an upstream deadline), api_error otherwise (502, 500). A
 //     context-length error reads as Anthropic words it, which Claude Code needs to compact:
 //     400 invalid_request_error "prompt is too long: N tokens > M maximum". When the prompt
 //     fits and only prompt + max_tokens does not (vLLM says so in both its wordings), it
@@ -856,8 +857,10 @@ func errorShape(err *proxy.Error) (int, errorDetail) {
 			status = http.StatusRequestEntityTooLarge
 		case proxy.ErrUpstreamUnavailable:
 			status = http.StatusBadGateway
-		case proxy.ErrOverloaded:
+		case proxy.ErrOverloaded, proxy.ErrCapacity:
 			status = 529
+		case proxy.ErrTimeout:
+			status = http.StatusGatewayTimeout
 		default:
 			status = http.StatusInternalServerError
 		}
@@ -872,8 +875,10 @@ func errorShape(err *proxy.Error) (int, errorDetail) {
 		typ = "not_found_error"
 	case proxy.ErrTooLarge:
 		typ = "request_too_large"
-	case proxy.ErrOverloaded:
+	case proxy.ErrOverloaded, proxy.ErrCapacity:
 		typ = "overloaded_error"
+	case proxy.ErrTimeout:
+		typ = "timeout_error"
 	default: // upstream unavailable, internal, unknown kinds: by status
 		switch status {
 		case http.StatusBadRequest:

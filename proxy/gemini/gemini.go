@@ -1295,13 +1295,17 @@ func errorOf(e *proxy.Error) (int, errorBody) {
 		if code == http.StatusServiceUnavailable {
 			status = "UNAVAILABLE"
 		}
+	case proxy.ErrCapacity:
+		status = "RESOURCE_EXHAUSTED"
+	case proxy.ErrTimeout:
+		status = "DEADLINE_EXCEEDED"
 	case proxy.ErrInternal:
 		status = "INTERNAL"
 	}
 	if code == 0 {
 		code = map[string]int{
 			"INVALID_ARGUMENT": 400, "UNAUTHENTICATED": 401, "NOT_FOUND": 404,
-			"RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+			"RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504,
 		}[status]
 		if code == 0 {
 			code = http.StatusInternalServerError

@@ -470,12 +470,30 @@ func chatErrorBody(err *proxy.Error) map[string]any {
 		typ = "server_error"
 	case proxy.ErrOverloaded:
 		typ, code = "server_error", "overloaded"
+	case proxy.ErrCapacity:
+		typ, code = "requests", "rate_limit_exceeded"
+	case proxy.ErrTimeout:
+		typ, code = "server_error", "timeout"
 	}
 	return map[string]any{"message": msg, "type": typ, "param": nil, "code": code}
 }
 
+// errorStatus is err's HTTP status; floe's -max-inflight cap (no status of its own) is
+// OpenAI's 429.
+func errorStatus(err *proxy.Error) int {
+	switch {
+	case err.Status != 0:
+		return err.Status
+	case err.Kind == proxy.ErrCapacity:
+		return http.StatusTooManyRequests
+	case err.Kind == proxy.ErrTimeout:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
 func (Chat) WriteError(w http.ResponseWriter, err *proxy.Error) {
-	_ = proxy.WriteJSON(w, err.Status, map[string]any{"error": chatErrorBody(err)})
+	_ = proxy.WriteJSON(w, errorStatus(err), map[string]any{"error": chatErrorBody(err)})
 }
 
 func (Chat) WriteModels(w http.ResponseWriter, models []string) {

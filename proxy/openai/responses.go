@@ -904,6 +904,10 @@ func respErrorShape(err *proxy.Error) (status int, typ, code, message string) {
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_error"
 	case proxy.ErrOverloaded:
 		status, typ, code = respOr(status, http.StatusServiceUnavailable), "server_error", "server_is_overloaded"
+	case proxy.ErrCapacity:
+		status, typ, code = respOr(status, http.StatusTooManyRequests), "requests", "rate_limit_exceeded"
+	case proxy.ErrTimeout:
+		status, typ, code = respOr(status, http.StatusGatewayTimeout), "server_error", "timeout"
 	default:
 		status, typ, code = respOr(status, http.StatusInternalServerError), "server_error", "server_error"
 	}

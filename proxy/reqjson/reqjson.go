@@ -102,12 +102,14 @@ func (v Value) Path() string {
 	return v.parent + "." + v.key
 }
 
-// Raw is the value's JSON text, nil when it is absent or null.
+// Raw is a copy of the value's JSON text, nil when it is absent or null. A copy, so that
+// what a request keeps of its body (tool schemas, tool choice) does not keep the whole
+// body alive: a maximum-size body is released once it is decoded.
 func (v Value) Raw() json.RawMessage {
 	if v.Kind() == Null {
 		return nil
 	}
-	return v.raw
+	return bytes.Clone(v.raw)
 }
 
 // Kind is the value's JSON type; Null for an absent value.

@@ -62,11 +62,13 @@ func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) 
 	}
 	r := *req
 	r.Model, r.Stream = model, stream
-	vr := request{ChatRequest: &r, Logprobs: true, ReturnTokenIDs: true}
-	if stream {
-		vr.StreamOptions = map[string]any{"include_usage": true}
-	}
-	b, err := gojson.Marshal(vr)
+	b, err := upstream.EncodeRequest(&r, func(r *proxy.ChatRequest) ([]byte, error) {
+		vr := request{ChatRequest: r, Logprobs: true, ReturnTokenIDs: true}
+		if stream {
+			vr.StreamOptions = map[string]any{"include_usage": true}
+		}
+		return gojson.Marshal(vr)
+	})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
 	}
@@ -268,6 +270,10 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 	if err != nil && !errors.Is(err, errStopSSE) {
 		if errors.Is(err, proxy.ErrCallerGone) || ctx.Err() != nil {
 			return res, proxy.ErrCallerGone
+		}
+		var timeout *proxy.Error
+		if errors.As(err, &timeout) && timeout.Kind == proxy.ErrTimeout {
+			return res, timeout
 		}
 		return res, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "the inference server's stream broke: " + err.Error()}
 	}

@@ -7,14 +7,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
@@ -23,12 +25,131 @@ import (
 
 // Client keeps enough idle connections for hundreds of concurrent sessions; the
 // default transport keeps two per host, so a busy proxy would open a TCP connection per
-// call.
+// call. It connects within the call's proxy.UpstreamTimeouts.Connect.
 var Client = &http.Client{Transport: func() http.RoundTripper {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+	t.DialContext = dial
 	return t
 }()}
+
+// dial connects as the default transport does, within the connect timeout the call's
+// context carries.
+func dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	if t := proxy.UpstreamTimeoutsFrom(ctx).Connect; t > 0 {
+		d.Timeout = t
+	}
+	return d.DialContext(ctx, network, addr)
+}
+
+// watchdog ends an upstream call that runs past its deadlines: FirstByte from sending
+// to the first byte of the answer's body, then Idle between reads. It cancels the call's
+// context with the timeout error as its cause, which the body's reads then return.
+type watchdog struct {
+	t      proxy.UpstreamTimeouts
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+	begun  atomic.Bool  // the first byte arrived
+	last   atomic.Int64 // unix nanoseconds of the last read that returned data
+	mu     sync.Mutex
+	err    *proxy.Error // the deadline that ran out
+	done   bool
+}
+
+func newWatchdog(t proxy.UpstreamTimeouts, cancel context.CancelCauseFunc) *watchdog {
+	w := &watchdog{t: t, cancel: cancel}
+	if t.FirstByte > 0 {
+		w.timer = time.AfterFunc(t.FirstByte, w.fire)
+	}
+	return w
+}
+
+func (w *watchdog) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return
+	}
+	if !w.begun.Load() {
+		w.err = proxy.TimeoutError("sent no answer", w.t.FirstByte, "upstream-first-byte-timeout")
+	} else {
+		if rest := time.Until(time.Unix(0, w.last.Load()).Add(w.t.Idle)); rest > 0 {
+			w.timer.Reset(rest)
+			return
+		}
+		w.err = proxy.TimeoutError("sent nothing more", w.t.Idle, "upstream-idle-timeout")
+	}
+	w.done = true
+	w.cancel(w.err)
+}
+
+// read notes that data arrived.
+func (w *watchdog) read() {
+	if w.begun.Load() {
+		w.last.Store(time.Now().UnixNano())
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last.Store(time.Now().UnixNano())
+	w.begun.Store(true)
+	if w.done || w.t.Idle <= 0 {
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		return
+	}
+	if w.timer == nil {
+		w.timer = time.AfterFunc(w.t.Idle, w.fire)
+	} else {
+		w.timer.Reset(w.t.Idle)
+	}
+}
+
+// stop ends the watch and returns the deadline that ran out, if one did.
+func (w *watchdog) stop() *proxy.Error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	return w.err
+}
+
+func (w *watchdog) timedOut() *proxy.Error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// watchedBody is an upstream answer's body under its watchdog.
+type watchedBody struct {
+	io.ReadCloser
+	w      *watchdog
+	cancel context.CancelCauseFunc
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.w.read()
+	}
+	if err != nil && err != io.EOF {
+		if e := b.w.timedOut(); e != nil {
+			return n, e
+		}
+	}
+	return n, err
+}
+
+func (b *watchedBody) Close() error {
+	b.w.stop()
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
+}
 
 // ServedModel remembers the model an engine sends upstream when none was configured: the
 // first one the server lists, asked once.
@@ -61,24 +182,55 @@ func (s *ServedModel) Get(ctx context.Context, fixed string, list func(context.C
 // PostJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
 // a refused connection or an error status; mapErr reads an error answer, so that each
 // engine can recognise its server's own wording.
+//
+// The call keeps to the proxy.UpstreamTimeouts its context carries: connecting (with
+// Client), the first byte of the answer's body, and the silence between reads of it; past
+// one, the call ends with a 504 *Error of kind ErrTimeout, from PostJSON or from a read of
+// the body.
 func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []byte, mapErr func(status int, body []byte) *proxy.Error) (*http.Response, error) {
+	t := proxy.UpstreamTimeoutsFrom(ctx)
+	parent := ctx
+	var wd *watchdog
+	cancel := context.CancelCauseFunc(func(error) {})
+	if t.FirstByte > 0 || t.Idle > 0 {
+		ctx, cancel = context.WithCancelCause(ctx)
+		wd = newWatchdog(t, cancel)
+	}
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+path, bytes.NewReader(body))
 	if err != nil {
+		cancel(nil)
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: err.Error()}
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	resp, err := c.Do(hr)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
+		if wd != nil {
+			if e := wd.stop(); e != nil {
+				return nil, e
+			}
+		}
+		cancel(nil)
+		if parent.Err() != nil {
+			return nil, parent.Err()
+		}
+		var ne net.Error
+		if t.Connect > 0 && errors.As(err, &ne) && ne.Timeout() {
+			return nil, proxy.TimeoutError("did not accept a connection", t.Connect, "upstream-connect-timeout")
 		}
 		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
 			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
 	}
 	if resp.StatusCode >= 300 {
+		defer cancel(nil)
 		defer resp.Body.Close()
+		if wd != nil {
+			defer wd.stop()
+		}
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return nil, mapErr(resp.StatusCode, msg)
+	}
+	if wd != nil {
+		resp.Body = &watchedBody{ReadCloser: resp.Body, w: wd, cancel: cancel}
 	}
 	return resp, nil
 }
@@ -171,6 +323,10 @@ func Complete(ctx context.Context, post func(context.Context, string, []byte) (*
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
+		}
+		var timeout *proxy.Error
+		if errors.As(err, &timeout) && timeout.Kind == proxy.ErrTimeout {
+			return 0, timeout
 		}
 		return 0, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable, Message: "reading the inference server's answer: " + err.Error()}
 	}
