@@ -387,7 +387,15 @@ func (s *Server) authenticate(r *http.Request) (string, *Error) {
 // failure and is logged, never shown as a stack trace.
 func (s *Server) fail(w http.ResponseWriter, d Dialect, err error) {
 	var e *Error
-	if !errors.As(err, &e) {
+	switch {
+	case errors.As(err, &e):
+	case errors.Is(err, trace.ErrSessionFinished):
+		// The session finished (or timed out) while its call was in flight: the call is
+		// not recorded, and the key takes no more calls. An authentication error, as for
+		// any later call with the key, and not a 5xx that SDKs retry.
+		s.log().Warn("a call ended after its session finished", "err", err)
+		e = &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication, Message: "this API key's session has finished and takes no more calls"}
+	default:
 		// floe's own errors name sessions and store paths, which the harness must not see.
 		s.log().Error("request failed", "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe failed to serve the call; its log says why"}
@@ -512,9 +520,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		return
 	}
 	if err := rec(res, ""); err != nil {
-		if stream == nil {
+		switch {
+		case stream == nil:
 			s.fail(w, d, err)
-		} else {
+		case errors.Is(err, trace.ErrSessionFinished):
+			s.log().Warn("a streamed call ended after its session finished", "err", err)
+			s.countError(d, ErrAuthentication)
+			_ = stream.Fail(&Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication, Message: "this API key's session has finished and takes no more calls"})
+		default:
 			s.log().Error("recording a streamed call", "err", err)
 			s.countError(d, ErrInternal)
 			_ = stream.Fail(&Error{Status: http.StatusInternalServerError, Kind: ErrInternal, Message: "floe could not record the call; its log says why"})

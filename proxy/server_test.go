@@ -535,3 +535,29 @@ func TestInternalErrorsNameNoSessionOrPath(t *testing.T) {
 		}
 	}
 }
+
+// finishedRecorder plays a session that finished (its group timed out) while its call was
+// in flight.
+type finishedRecorder struct{}
+
+func (finishedRecorder) Record(context.Context, *trace.Call) error {
+	return fmt.Errorf("record: %w: %q", trace.ErrSessionFinished, "sess-1")
+}
+
+// TestSessionFinishedMidCall: a call whose session finished while it was in flight is
+// answered as an authentication error (401, or an error event in a begun stream), never
+// a 5xx that SDKs retry, and the answer names no session.
+func TestSessionFinishedMidCall(t *testing.T) {
+	f := newFixture(t, &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"})
+	f.srv.Recorder = finishedRecorder{}
+	resp := f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, ""))
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), "has finished") || strings.Contains(string(b), "sess-1") {
+		t.Errorf("non-streaming: status %d body %s; want 401 naming no session", resp.StatusCode, b)
+	}
+	resp = f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, `,"stream":true`))
+	b, _ = io.ReadAll(resp.Body)
+	if !strings.Contains(string(b), "has finished") || strings.Contains(string(b), "sess-1") || strings.Contains(string(b), "internal") {
+		t.Errorf("streaming: body %s; want an authentication error event naming no session", b)
+	}
+}
