@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/floe-rl/floe/internal/fakevllm"
+)
+
+// TestHostileHarnessCannotStallFloe runs the real floe serve in front of an inference
+// server that hangs on the calls a hostile harness makes. The harness cannot take more
+// than -max-inflight calls (the next is refused at once in its provider's shape), cannot
+// hold the trainer's weight sync past -drain-timeout (its calls are cut off and recorded
+// untrainable), and a hung upstream ends in a 504 at -upstream-first-byte-timeout.
+func TestHostileHarnessCannotStallFloe(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Int64
+	up := httptest.NewServer(fakevllm.HandlerWith(fakevllm.Options{Hold: func(r *http.Request) {
+		held.Add(1)
+		defer held.Add(-1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}}))
+	defer up.Close()
+	defer close(release)
+	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0", "-upstream", up.URL,
+		"-max-inflight", "2", "-drain-timeout", "1s", "-upstream-first-byte-timeout", "3s")
+	s := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)
+	key := s["api_key"].(string)
+	call := func(text string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, f.proxy+"/v1/chat/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":%q}]}`, text)))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitHeld := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); held.Load() != n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d calls held upstream, want %d", held.Load(), n)
+			}
+		}
+	}
+
+	// Two calls hang upstream: the cap is reached, and the third is refused at once.
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); codes[i], _ = call(fmt.Sprintf("hang %d", i)) }()
+	}
+	waitHeld(2)
+	if code, body := call("one too many"); code != http.StatusTooManyRequests || !strings.Contains(body, "rate_limit_exceeded") {
+		t.Fatalf("a call past -max-inflight: %d %s; want 429 rate_limit_exceeded", code, body)
+	}
+
+	// The trainer's pause returns once the drain timeout cuts the two calls off.
+	paused := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, f.control+"/floe/v1/pause", strings.NewReader(`{}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			paused <- 0
+			return
+		}
+		resp.Body.Close()
+		paused <- resp.StatusCode
+	}()
+	select {
+	case code := <-paused:
+		if code != 200 {
+			t.Fatalf("pause: %d", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the weight sync's pause is held by two hung calls past -drain-timeout 1s")
+	}
+	wg.Wait()
+	for i, code := range codes {
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("cut-off call %d answered %d, want 503", i, code)
+		}
+	}
+	got := f.get(t, "/floe/v1/sessions/"+s["session_id"].(string))
+	calls, _ := got["calls"].([]any)
+	if len(calls) != 2 {
+		t.Fatalf("session after the drain: %d calls recorded, want the 2 cut off", len(calls))
+	}
+	for _, c := range calls {
+		c := c.(map[string]any)
+		if c["trainable"] != false || !strings.Contains(fmt.Sprint(c["untrainable_reason"]), "weight sync") {
+			t.Errorf("a cut-off call recorded as %v / %v, want untrainable, cut off by a weight sync", c["trainable"], c["untrainable_reason"])
+		}
+	}
+
+	// After the resume, a call the upstream never answers ends at the first-byte deadline.
+	f.post(t, "/floe/v1/resume", "", `{"policy_version": 1}`)
+	if code, body := call("hang again"); code != http.StatusGatewayTimeout || !strings.Contains(body, "upstream-first-byte-timeout") {
+		t.Fatalf("a call to a hung upstream: %d %s; want 504 naming -upstream-first-byte-timeout", code, body)
+	}
+}
+
+// get reads a control API resource as JSON.
+func (p *floeProc) get(t *testing.T, path string) map[string]any {
+	t.Helper()
+	resp, err := http.Get(p.control + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return out
+}
