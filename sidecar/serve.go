@@ -314,7 +314,9 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
 		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward}
-	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second}
+	// An idle keep-alive connection from a harness is closed after IdleTimeout, so
+	// connections left open cannot pile up.
+	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 	rb.OnCommit = func(n int64) error {

@@ -94,7 +94,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstream", cfg.Upstream)
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, lis) })
