@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from floe_bridge import MicroBatch  # noqa: E402
 from floe_bridge.torch_ops import (  # noqa: E402
+    LOG_RATIO_MAX,
     TreeBatch,
     cu_seqlens,
     dense_mask,
@@ -256,16 +257,26 @@ def test_gather_logprobs_rejects_root_loss_row() -> None:
 
 def _hand_loss(logp: list[float], old: list[float], adv: list[float], denom: int, lo: float, hi: float,
                cap: float | None, world: int) -> tuple[float, list[float]]:
-    """Loss value and d loss / d logp, by hand (python floats)."""
+    """Loss value and d loss / d logp, by hand (python floats).
+
+    Without a cap: clipped PPO against the rollout, d/dlogp of -min(r·A, clip(r)·A).
+    With a cap: the decoupled estimator with the proximal policy = the current weights (one
+    optimizer step per batch): the objective is E_rollout[min(π/μ, C) · A · log π] up to a
+    constant, so the value is -Σ min(π/μ, C)·A and the gradient -min(π/μ, C)·A per token.
+    """
     total, grads = 0.0, []
     for lp, o, a in zip(logp, old, adv, strict=True):
         r = math.exp(lp - o)
+        if cap is not None:
+            w = min(r, cap)
+            total += -w * a
+            grads.append(-w * a * world / denom)
+            continue
         c = min(max(r, 1 - lo), 1 + hi)
-        w = 1.0 if cap is None else min(r, cap)
         unclipped, clipped = -r * a, -c * a
-        total += max(unclipped, clipped) * w
+        total += max(unclipped, clipped)
         # gradient through the unclipped branch only (ties go to the unclipped one)
-        g = -r * a * w if unclipped >= clipped else 0.0
+        g = -r * a if unclipped >= clipped else 0.0
         grads.append(g * world / denom)
     return total * world / denom, grads
 
@@ -290,8 +301,11 @@ def test_grpo_loss_by_hand(cap: float | None, world: int) -> None:
     np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-5, atol=1e-7)
     # 1.25 with A>0 is inside [0.8, 1.28]: unclipped (a symmetric 0.2 clip would cut it);
     # cut: 0.5 with A<0 and 1.5 with A>0 -> 2 of 8 (the others pick the unclipped term)
-    assert float(m["clip_fraction"]) == pytest.approx(2 / 8)
-    assert want_grad[4] != 0.0 and want_grad[1] == 0.0 and want_grad[6] == 0.0
+    if cap is None:
+        assert float(m["clip_fraction"]) == pytest.approx(2 / 8)
+        assert want_grad[4] != 0.0 and want_grad[1] == 0.0 and want_grad[6] == 0.0
+    else:
+        assert float(m["clip_fraction"]) == 0.0  # the ratio to the proximal policy is 1
     assert float(m["mismatch"]) == pytest.approx(sum(abs(math.log(r)) for r in ratios) / 8, rel=1e-5)
     assert float(m["ratio_mean"]) == pytest.approx(sum(ratios) / 8, rel=1e-5)
     assert int(m["loss_tokens"]) == 8
@@ -319,3 +333,64 @@ def test_chain_batch_round_trip_through_arrow() -> None:
     mb.validate()
     tb = to_tensors(mb)
     assert cu_seqlens(tb.subtree_end, tb.position_ids) is not None
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_tis_weights_the_ratio_once(sign: float) -> None:
+    """Issue 13 item 1: with rho = pi/mu = [0.5, 3, 10] and C = 2 the weight on A·grad logp
+    is min(rho, C) = [0.5, 2, 2] (the old code gave rho·min(rho, C) = [0.25, 6, 20])."""
+    rho = [0.5, 3.0, 10.0]
+    old = [-1.0, -2.0, -3.0]
+    adv = [sign] * 3
+    logp = torch.tensor([o + math.log(r) for o, r in zip(old, rho, strict=True)], dtype=torch.float64,
+                        requires_grad=True)
+    loss, m = grpo_loss(logp, torch.tensor(old), torch.tensor(adv), 3, tis_cap=2.0)
+    loss.backward()
+    assert logp.grad is not None
+    weights = (-logp.grad * 3 / sign).tolist()
+    np.testing.assert_allclose(weights, [0.5, 2.0, 2.0], rtol=1e-12)
+    assert float(m["tis_weight_mean"]) == pytest.approx(4.5 / 3)
+
+
+def test_tis_with_explicit_proximal_logprobs() -> None:
+    """Decoupled PPO (verl/AReaL) spelled out per token: r = pi/pi_prox clipped to
+    [1-lo, 1+hi], constant weight w = min(pi_prox/mu, C); loss = -w·min(r·A, clip(r)·A)."""
+    g = torch.Generator().manual_seed(11)
+    n = 40
+    old = -torch.rand(n, generator=g, dtype=torch.float64) * 3
+    prox = old + torch.randn(n, generator=g, dtype=torch.float64)
+    logp_v = prox + 0.4 * torch.randn(n, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    logp = logp_v.clone().requires_grad_()
+    loss, _ = grpo_loss(logp, old, adv, 50, clip_low=0.2, clip_high=0.28, tis_cap=1.5,
+                        prox_logprobs=prox, world_size=2)
+    loss.backward()
+    assert logp.grad is not None
+    want_total, want_grad = 0.0, []
+    for lp, p, o, a in zip(logp_v.tolist(), prox.tolist(), old.tolist(), adv.tolist(), strict=True):
+        r = math.exp(lp - p)
+        w = min(math.exp(p - o), 1.5)
+        surr = min(r * a, min(max(r, 0.8), 1.28) * a)
+        want_total += -w * surr
+        cut = (a > 0 and r > 1.28) or (a < 0 and r < 0.8)
+        want_grad.append(0.0 if cut else -w * r * a * 2 / 50)
+    assert float(loss.detach()) == pytest.approx(want_total * 2 / 50, rel=1e-12)
+    np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_poisoned_old_logprob_keeps_the_loss_finite(dtype: torch.dtype, cap: float | None) -> None:
+    """Issue 13 item 4: vLLM's -9999 sentinel as a rollout log-prob gave an infinite ratio and
+    a NaN/inf loss or gradient; the log-ratio is clamped to ±LOG_RATIO_MAX before exp."""
+    old = torch.tensor([-9999.0, -1.0, -0.5], dtype=dtype)
+    logp = torch.tensor([-2.0, -1.1, -0.4], dtype=dtype, requires_grad=True)
+    for sign in (1.0, -1.0):
+        logp.grad = None
+        loss, m = grpo_loss(logp, old, torch.tensor([sign, -1.0, 1.0], dtype=dtype), 3, tis_cap=cap)
+        loss.backward()
+        assert logp.grad is not None
+        assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logp.grad).all())
+        assert all(bool(torch.isfinite(v)) for v in m.values())
+        # the clamped ratio is e^20 at most: the poisoned token's loss is bounded by it
+        assert abs(float(loss)) <= math.exp(LOG_RATIO_MAX) * 4

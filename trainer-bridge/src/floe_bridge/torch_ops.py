@@ -36,6 +36,7 @@ __all__ = [
     "token_logprobs",
     "gather_logprobs",
     "grpo_loss",
+    "LOG_RATIO_MAX",
 ]
 
 
@@ -324,6 +325,16 @@ def gather_logprobs(
 # --- the loss ------------------------------------------------------------------------------
 
 
+#: The log-ratio ``logp - old_logprobs`` is clamped to ``[-LOG_RATIO_MAX, LOG_RATIO_MAX]``
+#: before ``exp``: a poisoned rollout log-prob (vLLM's -9999 sentinel) would otherwise give
+#: an infinite ratio and a NaN gradient. e^20 ≈ 4.9e8; a clamped token gets no gradient.
+LOG_RATIO_MAX = 20.0
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_MAX, LOG_RATIO_MAX))
+
+
 def grpo_loss(
     logp: Tensor,
     old_logprobs: Tensor,
@@ -333,14 +344,29 @@ def grpo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     tis_cap: float | None = None,
+    prox_logprobs: Tensor | None = None,
     world_size: int = 1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped surrogate for one micro-batch's loss tokens (all 1-D, same length).
 
-    ``ratio = exp(logp - old_logprobs)``; ``clipped = clamp(ratio, 1 - clip_low,
-    1 + clip_high)`` (asymmetric, "clip-higher"); per-token loss ``-min(ratio·A, clipped·A)``,
-    optionally times the truncated importance weight ``min(exp(logp.detach() -
-    old_logprobs), tis_cap)`` (a constant: no gradient flows through it).
+    Two estimators (trainer-bridge/README.md, "The loss"):
+
+    - ``tis_cap=None`` (default): plain clipped PPO against the rollout log-probs.
+      ``ratio = exp(logp - old_logprobs)``; ``clipped = clamp(ratio, 1 - clip_low,
+      1 + clip_high)`` (asymmetric, "clip-higher"); per-token loss ``-min(ratio·A,
+      clipped·A)``.
+    - ``tis_cap=C``: the decoupled form (verl, AReaL). The PPO ratio and its clip are taken
+      against a proximal log-prob ``prox`` (the trainer's weights before this update, no
+      gradient), and the behaviour mismatch is corrected by the constant truncated weight
+      ``w = min(exp(prox - old_logprobs), C)``: per-token loss ``-w · min(r·A, clip(r)·A)``
+      with ``r = exp(logp - prox)``. ``prox_logprobs`` defaults to ``logp.detach()``: exact
+      when each fetched step is one optimizer step (``recipe.train_step``), where the
+      weights that score the batch are the proximal weights; then ``r = 1`` in value and the
+      gradient is ``-min(π/π_rollout, C) · A · ∇logp``. Pass ``prox_logprobs`` (scored
+      under the pre-update weights, no grad) when a step takes several optimizer updates.
+      The ratio is never applied twice.
+
+    Every log-ratio is clamped to ``±LOG_RATIO_MAX`` before ``exp``.
 
     Normalisation: the per-token losses are SUMMED over this micro-batch and divided by
     ``loss_tokens_global``, the step's loss tokens over all micro-batches and all ranks (the
@@ -354,8 +380,9 @@ def grpo_loss(
 
     Metrics (detached 0-d tensors, no host synchronisation): ``clip_fraction`` (share of
     tokens where the clipped term is the active one, i.e. whose gradient is cut),
-    ``mismatch`` (mean ``|logp - old_logprobs|``), ``ratio_mean``, ``loss_tokens`` (count),
-    and ``tis_weight_mean`` when ``tis_cap`` is set. Means over an empty micro-batch are 0.
+    ``mismatch`` (mean ``|logp - old_logprobs|``), ``ratio_mean`` (mean of ``exp(logp -
+    old_logprobs)``, clamped), ``loss_tokens`` (count), and ``tis_weight_mean`` when
+    ``tis_cap`` is set. Means over an empty micro-batch are 0.
     """
     if loss_tokens_global <= 0:
         raise ValueError(f"grpo_loss: loss_tokens_global must be positive, got {loss_tokens_global}")
@@ -364,19 +391,29 @@ def grpo_loss(
             f"grpo_loss: logp, old_logprobs and advantages must be 1-D of one length, got "
             f"{tuple(logp.shape)}, {tuple(old_logprobs.shape)}, {tuple(advantages.shape)}"
         )
+    if tis_cap is not None and not tis_cap > 0:
+        raise ValueError(f"grpo_loss: tis_cap must be positive, got {tis_cap}")
+    if prox_logprobs is not None and tis_cap is None:
+        raise ValueError("grpo_loss: prox_logprobs is the decoupled estimator's; set tis_cap")
     dt = torch.promote_types(logp.dtype, torch.float32)  # bf16 logp -> float32; float64 stays
     logp = logp.to(dt)
     old = old_logprobs.to(logp.device, dt)
     adv = advantages.to(logp.device, dt)
-    log_ratio = logp - old
-    ratio = torch.exp(log_ratio)
+    rollout_log_ratio = logp.detach() - old
+    tis_w: Tensor | None = None
+    if tis_cap is None:
+        ratio = _ratio(logp - old)
+    else:
+        prox = logp.detach() if prox_logprobs is None else prox_logprobs.to(logp.device, dt).detach()
+        if prox.shape != logp.shape:
+            raise ValueError(f"grpo_loss: prox_logprobs has shape {tuple(prox.shape)}, want {tuple(logp.shape)}")
+        ratio = _ratio(logp - prox)
+        tis_w = torch.clamp(_ratio(prox - old), max=tis_cap)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     per_token = torch.maximum(unclipped_loss, clipped_loss)  # = -min(ratio·A, clipped·A)
-    tis_w: Tensor | None = None
-    if tis_cap is not None:
-        tis_w = torch.clamp(torch.exp(log_ratio.detach()), max=tis_cap)
+    if tis_w is not None:
         per_token = per_token * tis_w
     loss = per_token.sum() * (float(world_size) / float(loss_tokens_global))
 
@@ -385,8 +422,8 @@ def grpo_loss(
         denom = float(max(n, 1))
         metrics: dict[str, Tensor] = {
             "clip_fraction": (clipped_loss > unclipped_loss).float().sum() / denom,
-            "mismatch": log_ratio.abs().sum() / denom,
-            "ratio_mean": ratio.sum() / denom,
+            "mismatch": rollout_log_ratio.abs().sum() / denom,
+            "ratio_mean": _ratio(rollout_log_ratio).sum() / denom,
             "loss_tokens": torch.tensor(n, device=logp.device),
         }
         if tis_w is not None:
