@@ -285,7 +285,7 @@ func mk(session string, index, choice int, prompt, response []int32, same bool) 
 		h = (h%97)*1000 + index*10 + choice
 	}
 	for i := range lp {
-		lp[i] = -float32(h*64+i+1) / 1024
+		lp[i] = -float32(h*64+i+1) / 65536 // distinct, and above trace.MinLogprob
 	}
 	return trace.Call{SessionID: session, Index: index, Choice: choice, PromptIDs: prompt, ResponseIDs: response,
 		Logprobs: lp, Trainable: true, PolicyVersion: int64(3 + index%2)}

@@ -99,7 +99,9 @@ func Reconstruct(g *trace.Group, cfg Config) (*Reconstructed, error) {
 		return nil, err
 	}
 	r := &Reconstructed{Group: g, Strategy: cfg.Strategy, vmin: math.MaxInt64, vmax: math.MinInt64}
-	r.addSamples(cfg.Advantage)
+	if err := r.addSamples(cfg.Advantage); err != nil {
+		return nil, err
+	}
 	r.forest = reconstruct(g, cfg.Strategy)
 	for i := 1; i < len(r.forest.nodes); i++ {
 		if nd := &r.forest.nodes[i]; nd.sample != none {
@@ -134,14 +136,19 @@ func (r *Reconstructed) LongestPath() (rows int64, session string) {
 	return rows, session
 }
 
-// addSamples sets one sample per session of the group with its advantage.
-func (r *Reconstructed) addSamples(kind Advantage) {
+// addSamples sets one sample per session of the group with its advantage. It refuses a
+// group whose advantages are not finite float32s (rewards so large that their mean, spread
+// or difference overflows): training on them would be ±Inf or a silent 0.
+func (r *Reconstructed) addSamples(kind Advantage) error {
 	g := r.Group
 	rewards := make([]float64, len(g.Sessions))
 	for i := range g.Sessions {
 		rewards[i] = g.Sessions[i].Reward
 	}
-	adv := Advantages(kind, rewards)
+	adv, err := checkedAdvantages(kind, rewards)
+	if err != nil {
+		return fmt.Errorf("group %q: %w", g.ID, err)
+	}
 	for i := range g.Sessions {
 		s := &g.Sessions[i]
 		version := int64(math.MaxInt64)
@@ -164,6 +171,7 @@ func (r *Reconstructed) addSamples(kind Advantage) {
 			Reward: s.Reward, Advantage: float32(adv[i]), PolicyVersion: version, NumCalls: int32(len(s.Calls)),
 		})
 	}
+	return nil
 }
 
 // FormStep reconstructs, scores and packs the groups into step number n.

@@ -54,10 +54,17 @@ type Call struct {
 // ErrInvalidCall is wrapped by every error Validate returns.
 var ErrInvalidCall = errors.New("invalid call")
 
+// MinLogprob is the lowest rollout log-probability a trainable call may carry. A sampled
+// token whose probability was below e^-100 (about 3.7e-44) was not drawn from the
+// distribution the log-prob describes: the value is a sentinel (vLLM writes -inf as
+// -9999) or garbage, and its importance ratio would be e^(logp+9999). Such a call is
+// recorded untrainable, with the reason.
+const MinLogprob = -100
+
 // Validate checks that the call's token data can be trained on: a non-empty prompt, a
-// non-empty response, one finite log-probability <= 0 per response token, and no negative
-// token ids. It returns an error wrapping ErrInvalidCall that names the call and the first
-// problem found.
+// non-empty response, one finite log-probability in [MinLogprob, 0] per response token,
+// and no negative token ids. It returns an error wrapping ErrInvalidCall that names the
+// call and the first problem found.
 func (c *Call) Validate() error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("%w: session %q call %d choice %d: %s",
@@ -88,6 +95,9 @@ func (c *Call) Validate() error {
 		}
 		if lp > 0 {
 			return fail("logprobs[%d] = %v is positive", i, lp)
+		}
+		if lp < MinLogprob {
+			return fail("logprobs[%d] = %v is below the floor %d (vLLM writes -inf as -9999)", i, lp, MinLogprob)
 		}
 	}
 	return nil
