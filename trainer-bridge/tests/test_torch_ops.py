@@ -394,3 +394,43 @@ def test_poisoned_old_logprob_keeps_the_loss_finite(dtype: torch.dtype, cap: flo
         assert all(bool(torch.isfinite(v)) for v in m.values())
         # the clamped ratio is e^20 at most: the poisoned token's loss is bounded by it
         assert abs(float(loss)) <= math.exp(LOG_RATIO_MAX) * 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("window", [1, 3, 8, 40])
+def test_sliding_window_tree_masks(seed: int, window: int, make_random_tree: Callable[..., RandomTree]) -> None:
+    """Issue 13 item 2: a row sees itself and the ancestors within ``window`` positions of
+    depth, from the generator's own ancestor lists; dense mask, mask_mod and BlockMask
+    (ours and create_block_mask's) all give exactly that, and flex_attention = sdpa."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    rng = np.random.default_rng(300 + seed)
+    tree = make_random_tree(rng, int(rng.integers(60, 200)), int(rng.integers(0, 20)))
+    end = torch.from_numpy(tree.columns["subtree_end"].astype(np.int64))
+    pos = torch.from_numpy(tree.columns["position_ids"].astype(np.int64))
+    n = int(end.shape[0])
+    want = np.zeros((n, n), bool)
+    for q, anc in enumerate(tree.ancestors):
+        for k in anc + [q]:
+            want[q, k] = len(anc) - len(tree.ancestors[k]) < window
+    np.testing.assert_array_equal(dense_mask(end, pos, window).numpy(), want)
+    mod = tree_mask_mod(end, pos, window)
+    got = mod(torch.tensor(0), torch.tensor(0), torch.arange(n)[:, None], torch.arange(n)[None, :])
+    np.testing.assert_array_equal(got.numpy(), want)
+    for bs in (16, 32):
+        ours = flex_block_mask(end, bs, position_ids=pos, window=window)
+        ref = flex_block_mask(end, bs, build="create_block_mask", position_ids=pos, window=window)
+        np.testing.assert_array_equal(_expand_block_mask(ours, n, end), want)
+        np.testing.assert_array_equal(_expand_block_mask(ref, n, end), want)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, n, 16, generator=g)
+    k = torch.randn(1, 2, n, 16, generator=g)
+    v = torch.randn(1, 2, n, 16, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_attention(q, k, v, block_mask=flex_block_mask(end, 32, position_ids=pos, window=window),
+                             enable_gqa=True)
+    ref_out = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=torch.from_numpy(want)[None, None]
+    )
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)

@@ -113,30 +113,65 @@ def to_tensors(mb: MicroBatch, device: torch.device | str = "cpu") -> TreeBatch:
 # --- masks --------------------------------------------------------------------------------
 
 
-def dense_mask(subtree_end: Tensor) -> Tensor:
+def _check_window(position_ids: Tensor | None, window: int | None) -> None:
+    if window is None:
+        return
+    if position_ids is None:
+        raise ValueError("a sliding-window tree mask needs position_ids (the depths)")
+    if int(window) < 1:
+        raise ValueError(f"sliding window must be at least 1, got {window}")
+
+
+def dense_mask(subtree_end: Tensor, position_ids: Tensor | None = None, window: int | None = None) -> Tensor:
     """Boolean ``[N, N]`` mask, ``mask[q, k] = k <= q < subtree_end[k]`` (True = q may attend
-    to k). O(N²) memory: for CPU, SDPA/eager and tests. On the same device as the input."""
+    to k). O(N²) memory: for CPU, SDPA/eager and tests. On the same device as the input.
+
+    With a sliding ``window`` (and the depths ``position_ids``), a row also sees an ancestor
+    only when ``position_ids[q] - position_ids[k] < window``: the ``window`` most recent
+    tokens of its own sequence, itself included, which is what a sliding-window layer of
+    transformers (``kv_idx > q_idx - sliding_window``) and vLLM saw on that call alone."""
+    _check_window(position_ids, window)
     end = subtree_end.to(torch.int64)
     rows = torch.arange(end.shape[0], device=end.device)
     q = rows[:, None]
     k = rows[None, :]
-    return (k <= q) & (q < end[None, :])
+    mask = (k <= q) & (q < end[None, :])
+    if window is not None:
+        assert position_ids is not None
+        pos = position_ids.to(torch.int64)
+        mask &= (pos[:, None] - pos[None, :]) < int(window)
+    return mask
 
 
-def tree_mask_mod(subtree_end: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """FlexAttention ``mask_mod``: ``(kv <= q) & (q < subtree_end[kv])``.
+def tree_mask_mod(
+    subtree_end: Tensor, position_ids: Tensor | None = None, window: int | None = None
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """FlexAttention ``mask_mod``: ``(kv <= q) & (q < subtree_end[kv])``, and with a sliding
+    ``window`` also ``position_ids[q] - position_ids[kv] < window`` (see :func:`dense_mask`).
 
-    ``subtree_end`` must cover every index the kernel may ask about, i.e. be padded to a
-    multiple of the block size (``flex_block_mask`` pads it with zeros: a padded key is
-    visible to nobody)."""
+    ``subtree_end`` (and ``position_ids``) must cover every index the kernel may ask about,
+    i.e. be padded to a multiple of the block size (``flex_block_mask`` pads them with
+    zeros: a padded key is visible to nobody)."""
+    _check_window(position_ids, window)
+    if window is None:
 
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx])
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx])
 
-    return mask_mod
+        return mask_mod
+    assert position_ids is not None
+    pos = position_ids
+    w = int(window)
+
+    def window_mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx]) & (pos[q_idx] - pos[kv_idx] < w)
+
+    return window_mask_mod
 
 
-def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
+def _tree_block_tables(
+    end: Tensor, n: int, bs: int, pos: Tensor | None = None, window: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Block-level (partial, full) tables ``[nb, nb]`` of the tree mask, computed from
     per-block min/max of ``subtree_end``, never touching an N×N tensor.
 
@@ -148,6 +183,11 @@ def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
       ``min(end[j-block]) >= qe``.
     A block that runs past N is never full (create_block_mask pads the mask with False
     there, and so do we), which keeps these tables identical to ``create_block_mask``'s.
+
+    With a sliding ``window`` over the depths ``pos``: a block pair is full only if also
+    ``max(pos[q-block]) - min(pos[k-block]) < window``, and empty if
+    ``min(pos[q-block]) - max(pos[k-block]) >= window`` (bounds, so a pair the window
+    empties may still be listed as partial: the mask_mod decides inside it).
     """
     nb = (n + bs - 1) // bs
     pad = nb * bs - n
@@ -166,6 +206,14 @@ def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
     below = j < i
     nonempty = (j == i) | (below & (e_max[None, :] > qs[:, None]))
     full = below & (e_min[None, :] >= qe[:, None]) & complete[:, None] & complete[None, :]
+    if window is not None:
+        assert pos is not None
+        big = torch.iinfo(torch.int64).max // 4
+        p = pos.to(torch.int64)
+        p_max = torch.nn.functional.pad(p, (0, pad), value=-big).view(nb, bs).amax(-1)
+        p_min = torch.nn.functional.pad(p, (0, pad), value=big).view(nb, bs).amin(-1)
+        full &= (p_max[:, None] - p_min[None, :]) < int(window)
+        nonempty &= (j == i) | ((p_min[:, None] - p_max[None, :]) < int(window))
     partial = nonempty & ~full
     return partial, full
 
@@ -184,6 +232,8 @@ def flex_block_mask(
     block_size: int = 128,
     *,
     build: Literal["blocks", "create_block_mask"] = "blocks",
+    position_ids: Tensor | None = None,
+    window: int | None = None,
 ) -> Any:
     """A FlexAttention ``BlockMask`` (B=1, H=1, shape ``[1, 1, N, N]``) for the tree mask
     ``(kv <= q) & (q < subtree_end[kv])``, on ``subtree_end``'s device.
@@ -195,7 +245,9 @@ def flex_block_mask(
     ``torch.nn.attention.flex_attention.create_block_mask`` with the same mask_mod; in
     eager mode that evaluates the mask_mod on all N×N pairs (it materialises a [N, N] bool
     tensor), so use it for checking, or wrap it in ``torch.compile`` yourself. Both give
-    the same tables (tested).
+    the same tables (tested). With a sliding ``window`` (and the depths ``position_ids``)
+    the mask also requires ``position_ids[q] - position_ids[kv] < window``
+    (:func:`dense_mask`).
     """
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
@@ -204,13 +256,18 @@ def flex_block_mask(
         raise ValueError("flex_block_mask: empty micro-batch")
     nb = (n + block_size - 1) // block_size
     # pad so the mask_mod can be asked about any index of a partial tail block
+    _check_window(position_ids, window)
     end_p = torch.nn.functional.pad(subtree_end.to(torch.int64), (0, nb * block_size - n), value=0)
-    mask_mod = tree_mask_mod(end_p)
+    pos_p = None
+    if window is not None:
+        assert position_ids is not None
+        pos_p = torch.nn.functional.pad(position_ids.to(torch.int64), (0, nb * block_size - n), value=0)
+    mask_mod = tree_mask_mod(end_p, pos_p, window)
     if build == "create_block_mask":
         return create_block_mask(mask_mod, 1, 1, n, n, device=subtree_end.device, BLOCK_SIZE=block_size)
     if build != "blocks":
         raise ValueError(f"flex_block_mask: build must be 'blocks' or 'create_block_mask', got {build!r}")
-    partial, full = _tree_block_tables(subtree_end, n, block_size)
+    partial, full = _tree_block_tables(subtree_end, n, block_size, position_ids, window)
     kv_num, kv_idx = _dense_to_ordered(partial)
     full_num, full_idx = _dense_to_ordered(full)
     return BlockMask.from_kv_blocks(
