@@ -40,6 +40,8 @@ type Server struct {
 	// Metrics, when set, is told of every recorded call and every error answered; nil
 	// counts nothing.
 	Metrics Metrics
+	// Sampling is the --sampling policy ("" is SamplingRecord).
+	Sampling SamplingPolicy
 }
 
 // Metrics receives the proxy's counts (floe serve turns them into Prometheus metrics).
@@ -273,6 +275,7 @@ func (s *Server) countError(d Dialect, kind ErrorKind) {
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req *Request, session string, body []byte) {
 	ctx := r.Context()
 	started := s.now()
+	s.applySampling(d, req)
 	var version int64
 	if s.Gate != nil {
 		v, leave, err := s.Gate.Enter(ctx)
@@ -366,7 +369,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		c := trace.Call{
 			SessionID: session, Choice: i,
 			PromptIDs: res.PromptIDs, ResponseIDs: td.ResponseIDs, Logprobs: td.Logprobs,
-			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true,
+			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true, Sampling: samplingOf(&req.Chat),
 			API: d.Name(), Started: started, Finished: finished, UpstreamLatency: res.Latency,
 			Request: body, UpstreamRequest: res.Upstream, Response: msg,
 		}
@@ -388,6 +391,9 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		}
 		if s.Metrics != nil {
 			s.Metrics.Recorded(d.Name(), c.Trainable)
+			if m, ok := s.Metrics.(SamplingMetrics); ok && !c.Sampling.Reproducible() {
+				m.SampledTruncated(d.Name())
+			}
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/proxy"
 )
 
 // Flag groups for commands that take part of floe serve's settings. Each command takes a
@@ -97,6 +98,14 @@ var serveFlags = []struct {
 	{"max-staleness", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.Int64Var(&c.MaxStaleness, n, c.MaxStaleness,
 			"train on a call only if its policy version lags the current one (the last resume) by at most this many versions; older calls are counted and kept as context (-1: no limit)")
+	}},
+	{"sampling", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Func(n, "sampling policy: record (pass the caller's temperature and top_p upstream and train each call at its temperature) or force (sample every call at T=1, top_p=1, counting overrides) (default "+string(c.Sampling)+")",
+			func(v string) error {
+				p, err := proxy.ParseSamplingPolicy(v)
+				c.Sampling = p
+				return err
+			})
 	}},
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/proxy"
 )
 
 func TestRegisterFlagsParses(t *testing.T) {
@@ -28,6 +29,9 @@ func TestRegisterFlagsParses(t *testing.T) {
 			want: with(func(c *Config) { c.Batcher.TokenBudget = 2048 })},
 		{name: "bad token budget", args: []string{"-token-budget", "lots"}, wantErr: `invalid value "lots" for flag -token-budget: a number of rows or auto`},
 		{name: "bad strategy", args: []string{"-strategy", "bfs"}, wantErr: `unknown strategy "bfs"`},
+		{name: "sampling force", args: []string{"-sampling", "force"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingForce })},
+		{name: "sampling record", args: []string{"-sampling", "record"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingRecord })},
+		{name: "bad sampling", args: []string{"-sampling", "greedy"}, wantErr: `unknown sampling policy "greedy"`},
 		{
 			name: "proxy, batcher and step settings",
 			args: []string{"-proxy-addr", "127.0.0.1:0", "-upstream", "http://up", "-engine", "sglang", "-model", "m",
@@ -68,7 +72,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 	all := []string{"advantage", "data-dir", "dp-size", "drop-failed", "engine", "flight-addr", "flight-token",
 		"gpu-memory", "group-size", "group-timeout", "groups-per-step", "max-staleness", "memory-target",
-		"min-group-size", "model", "open-sessions", "pad-multiple", "proxy-addr", "steps-ahead", "strategy",
+		"min-group-size", "model", "open-sessions", "pad-multiple", "proxy-addr", "sampling", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	tests := []struct {
 		name  string

@@ -67,6 +67,11 @@ type Config struct {
 	GPU gpu.Lib
 	// Observer, when set, is told of every step's formation, reports and commit.
 	Observer StepObserver
+	// Sampling is the proxy's sampling policy (--sampling): record (default) passes the
+	// caller's temperature and top_p upstream and records them with each call, so the
+	// trainer scores each call at its temperature; force samples every call at T = 1,
+	// top_p = 1 and counts the overrides.
+	Sampling proxy.SamplingPolicy
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -76,6 +81,7 @@ func DefaultConfig() Config {
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
+		Sampling: proxy.SamplingRecord,
 	}
 }
 
@@ -85,6 +91,9 @@ func (cfg Config) Validate() error {
 		return err
 	}
 	if err := cfg.policy().Validate(); err != nil {
+		return err
+	}
+	if _, err := proxy.ParseSamplingPolicy(string(cfg.Sampling)); err != nil {
 		return err
 	}
 	if cfg.StepsAhead < 1 {
@@ -191,7 +200,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		}
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
-		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics}
+		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
+		Sampling: cfg.Sampling}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)

@@ -35,6 +35,9 @@ type Call struct {
 	Logprobs      []float32 `json:"logprobs"` // one per response id: rollout log-probability of that sampled token
 	FinishReason  string    `json:"finish_reason"`
 	PolicyVersion int64     `json:"policy_version"`
+	// Sampling is what the call was sampled with, as sent upstream; nil when unknown
+	// (recorded before floe kept it). The trainer scores the call at its temperature.
+	Sampling *Sampling `json:"sampling,omitempty"`
 
 	// Trainable is false when the call is kept for the record but must not produce loss
 	// terms (token data missing or inconsistent upstream); UntrainableReason says why.
@@ -49,6 +52,41 @@ type Call struct {
 	Request         json.RawMessage `json:"request,omitempty"`          // the caller's request body as received
 	UpstreamRequest json.RawMessage `json:"upstream_request,omitempty"` // the normalized request sent to the engine
 	Response        json.RawMessage `json:"response,omitempty"`         // the assistant message, normalized (OpenAI Chat)
+}
+
+// Sampling holds the sampling parameters of a call as sent to the inference server. A nil
+// field was not sent: the engine used its default (floe expects T = 1, top_p = 1, no
+// top_k: run vLLM with --generation-config vllm so a model's generation_config.json does
+// not change them behind floe's back).
+type Sampling struct {
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	TopK        *int     `json:"top_k,omitempty"` // floe's dialects never forward top_k today
+}
+
+// EffectiveTemperature is the temperature the call was sampled at: 1 when not sent or
+// unknown. A temperature <= 1e-5 is greedy decoding.
+func (s *Sampling) EffectiveTemperature() float64 {
+	if s == nil || s.Temperature == nil {
+		return 1
+	}
+	return *s.Temperature
+}
+
+// Reproducible reports whether the trainer can recompute the call's processed
+// log-probs from log_softmax(logits / T): false with top_p < 1, top_k > 0 or greedy
+// decoding (T <= 1e-5), whose behaviour policy is truncated.
+func (s *Sampling) Reproducible() bool {
+	if s == nil {
+		return true
+	}
+	if s.TopP != nil && *s.TopP < 1 {
+		return false
+	}
+	if s.TopK != nil && *s.TopK > 0 {
+		return false
+	}
+	return s.EffectiveTemperature() > 1e-5
 }
 
 // ErrInvalidCall is wrapped by every error Validate returns.
