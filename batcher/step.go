@@ -21,6 +21,10 @@ type Sample struct {
 	PolicyVersion int64 // oldest policy version among its trainable calls
 	NumCalls      int32 // calls recorded, trainable or not
 	NumLossTokens int64
+	// NumTruncatedCalls counts the session's trainable calls sampled with top_p < 1,
+	// top_k > 0 or greedily: their processed log-probs are not log_softmax(logits / T), so
+	// the trainer cannot reproduce them (trace.Sampling.Reproducible).
+	NumTruncatedCalls int32
 }
 
 // MicroBatch is one rank's forward/backward pass: Rows real rows padded to PaddedRows.
@@ -40,6 +44,9 @@ type Stats struct {
 	Sessions       int
 	Calls          int
 	TrainableCalls int
+	// TruncatedCalls are trainable calls sampled with top_p < 1, top_k > 0 or greedily,
+	// whose processed log-probs the trainer cannot reproduce (Sample.NumTruncatedCalls).
+	TruncatedCalls int
 	InputTokens    int64   // Σ over calls of prompt+response tokens
 	DistinctRows   int64   // rows of the forests before any cut
 	CutFloor       int64   // the fewest rows any cut of the forests to the budget can forward
@@ -152,6 +159,7 @@ func (r *Reconstructed) addSamples(kind Advantage) error {
 	for i := range g.Sessions {
 		s := &g.Sessions[i]
 		version := int64(math.MaxInt64)
+		var truncated int32
 		for ci := range s.Calls {
 			c := &s.Calls[ci]
 			r.stats.Calls++
@@ -160,6 +168,10 @@ func (r *Reconstructed) addSamples(kind Advantage) error {
 				continue
 			}
 			r.stats.TrainableCalls++
+			if !c.Sampling.Reproducible() {
+				r.stats.TruncatedCalls++
+				truncated++
+			}
 			version = min(version, c.PolicyVersion)
 			r.vmin, r.vmax = min(r.vmin, c.PolicyVersion), max(r.vmax, c.PolicyVersion)
 		}
@@ -169,6 +181,7 @@ func (r *Reconstructed) addSamples(kind Advantage) error {
 		r.Samples = append(r.Samples, Sample{
 			Index: int32(i), SessionID: s.ID, GroupID: g.ID, TaskID: taskOf(g, s),
 			Reward: s.Reward, Advantage: float32(adv[i]), PolicyVersion: version, NumCalls: int32(len(s.Calls)),
+			NumTruncatedCalls: truncated,
 		})
 	}
 	return nil
@@ -269,6 +282,7 @@ func (s *Stats) add(o *Stats) {
 	s.Sessions += o.Sessions
 	s.Calls += o.Calls
 	s.TrainableCalls += o.TrainableCalls
+	s.TruncatedCalls += o.TruncatedCalls
 	s.InputTokens += o.InputTokens
 	s.DistinctRows += o.DistinctRows
 	s.CutFloor += o.CutFloor
