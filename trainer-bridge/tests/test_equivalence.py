@@ -443,3 +443,104 @@ def test_train_grpo_example(floe_server: Callable[..., FloeServer]) -> None:
         status = client.status()
     assert status["committed"] == 2, status
     assert time.monotonic() - t0 < 240
+
+
+# --- sampling temperature: the rollout's processed log-probs, end to end ----------------------
+
+
+def _post_json(url: str, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("sampling", ["record", "force"])
+def test_temperature_equivalence_through_refserver(
+    sampling: str, floe_bin: Path, tmp_path: Path
+) -> None:
+    """Issue 13 item 5. Calls sampled by floe_refserver at T = 0.7 (and 1.0, and with
+    top_p 0.9) through `floe serve --sampling record`: the bridge scores each loss row with
+    log_softmax(logits / T) of the server's own model, and equals both the rollout
+    log-probs (the server's processed log-probs) and each call scored alone at its
+    temperature, within 1e-5; the top_p call is flagged in the sample table. Under
+    `--sampling force` every call is sampled and scored at T = 1."""
+    import floe_stack
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
+
+    temps = {"a": 0.7, "b": 1.0, "c": 0.7}
+    with floe_stack.Stack(tmp_path / "logs", grace=20) as procs:
+        _, hello = procs.start_server(
+            "refserver", floe_stack.refserver_argv("--port", "0", "--cache-dir", str(tmp_path / "tok"))
+        )
+        upstream = hello["base_url"].removesuffix("/v1")
+        _, addrs = procs.start_server("floe", [
+            str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+            "-data-dir", str(tmp_path / "data"), "-upstream", upstream, "-group-size", "3",
+            "-groups-per-step", "1", "-token-budget", "2048", "-pad-multiple", "16", "-sampling", sampling,
+        ], 60)
+        control = addrs.get("control") or addrs["proxy"]
+        for i, (name, temp) in enumerate(temps.items()):
+            sess = _post_json(f"{control}/floe/v1/sessions", {"task_id": "t", "group_id": "g", "group_size": 3})
+            body: dict[str, Any] = {
+                "model": "m", "max_tokens": 12, "temperature": temp, "seed": 5 + i,
+                "messages": [{"role": "user", "content": f"write a haiku about tree masks, {name}"}],
+            }
+            if name == "c":
+                body["top_p"] = 0.9
+            _post_json(sess["base_urls"]["openai"].rstrip("/") + "/chat/completions", body, sess["api_key"])
+            _post_json(f"{control}/floe/v1/sessions/{sess['session_id']}/finish",
+                       {"reward": float(i), "status": "completed"})
+        with FloeClient(addrs["flight"], rank=0, world_size=1) as client:
+            step = client.read_step(0, timeout=60)
+            samples = step.samples().to_pydict()
+            mbs = step.micro_batches
+
+    model = build_model(len(load_tokenizer()), seed=0, max_model_len=4096).eval()
+    n_t07 = 0
+    for mb in mbs:
+        tb = to_tensors(mb)
+        rows = tb.loss_rows()
+        with torch.no_grad():
+            got = score_logprobs(model, tb, attn="sdpa")
+        want_t = tb.temperature[rows]
+        if sampling == "force":
+            assert bool((want_t == 1).all())
+        n_t07 += int((want_t - 0.7).abs().lt(1e-6).sum())
+        # the rollout's processed log-probs (refserver = vLLM --logprobs-mode processed_logprobs)
+        rollout = tb.old_logprobs[rows]
+        top_p = torch.tensor([samples["num_truncated_calls"][int(s)] > 0 for s in tb.sample_idx[rows]])
+        err = float((got - rollout)[~top_p].abs().max())
+        print(f"\n--sampling {sampling}: max |bridge - rollout| over {int((~top_p).sum())} tokens = {err:.3g}")
+        assert err < LOGP_ATOL
+        if sampling == "record":  # negative control: scored at T = 1, as before 13.5
+            import dataclasses
+
+            with torch.no_grad():
+                at1 = score_logprobs(model, dataclasses.replace(tb, temperature=None), attn="sdpa")
+            t07 = (want_t - 0.7).abs().lt(1e-6) & ~top_p
+            off = float((at1 - rollout)[t07].abs().max())
+            print(f"scored at T = 1 (before 13.5): off by up to {off:.3g} nats on the T = 0.7 rows")
+            assert off > 1e-2
+        # and each loss row alone, as a plain causal sequence at its temperature
+        ids, pred = tb.input_ids.tolist(), tb.pred_idx.tolist()
+        for j, r in enumerate(rows.tolist()):
+            seq, v = [], r
+            while v >= 0:
+                seq.append(ids[v])
+                v = pred[v]
+            seq.reverse()
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([seq[:-1]])).logits[0, -1].double()
+            ref = float(torch.log_softmax(logits / float(want_t[j]), -1)[seq[-1]])
+            assert abs(float(got[j]) - ref) < LOGP_ATOL
+    if sampling == "record":
+        assert n_t07 > 0, "no loss row sampled at T = 0.7"
+        assert sorted(samples["num_truncated_calls"]) == [0, 0, 1]
+    else:
+        assert n_t07 == 0 and sorted(samples["num_truncated_calls"]) == [0, 0, 0]

@@ -393,7 +393,7 @@ def test_poisoned_old_logprob_keeps_the_loss_finite(dtype: torch.dtype, cap: flo
         assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logp.grad).all())
         assert all(bool(torch.isfinite(v)) for v in m.values())
         # the clamped ratio is e^20 at most: the poisoned token's loss is bounded by it
-        assert abs(float(loss)) <= math.exp(LOG_RATIO_MAX) * 4
+        assert abs(float(loss.detach())) <= math.exp(LOG_RATIO_MAX) * 4
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -434,3 +434,23 @@ def test_sliding_window_tree_masks(seed: int, window: int, make_random_tree: Cal
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=torch.from_numpy(want)[None, None]
     )
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+
+
+def test_gather_logprobs_at_each_rows_temperature() -> None:
+    """Issue 13 item 5: a loss row of a call sampled at T is scored log_softmax(logits / T)
+    (vLLM's processed log-probs), computed here in float64 numpy from the definition."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 11, generator=g) * 3
+    ids = torch.tensor([0, 4, 2, 9, 1, 7])
+    pred = torch.tensor([-1, 0, 1, 2, 3, 4])
+    mask = torch.tensor([0, 1, 1, 1, 0, 1])
+    temp = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.7])
+    got = gather_logprobs(logits, ids, pred, mask, temperature=temp).numpy()
+    want = []
+    for t in (1, 2, 3, 5):
+        z = logits[int(pred[t])].double().numpy() / float(temp[t])
+        z = z - z.max()
+        want.append(z[int(ids[t])] - math.log(np.exp(z).sum()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    plain = gather_logprobs(logits, ids, pred, mask).numpy()
+    assert abs(got[0] - plain[0]) > 1e-2  # the temperature changes the scores

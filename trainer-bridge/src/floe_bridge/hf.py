@@ -271,7 +271,9 @@ def score_logprobs(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities (float32) of the loss rows of ``batch``, in row order: the same as
     ``gather_logprobs(score(model, batch), ...)`` but the logits are computed only for the
-    predicting rows ``pred_idx[loss rows]`` (``logits_to_keep``). With ``entropy=True``
+    predicting rows ``pred_idx[loss rows]`` (``logits_to_keep``), each at its call's
+    sampling temperature (``batch.temperature``: ``log_softmax(logits / T)``, the processed
+    log-probs the inference server returned). With ``entropy=True``
     returns ``(logp, entropy)``. Pair with ``batch.old_logprobs[batch.loss_mask]`` and
     ``batch.advantages[batch.loss_mask]`` for :func:`floe_bridge.torch_ops.grpo_loss`."""
     rows = batch.loss_rows()
@@ -287,6 +289,7 @@ def score_logprobs(
             "this transformers version does not take a tensor logits_to_keep (use score + gather_logprobs)"
         )
     targets = batch.input_ids[rows]
+    temp = None if batch.temperature is None else batch.temperature[rows]
     if entropy:
-        return token_logprobs(logits, targets, entropy=True)
-    return token_logprobs(logits, targets)
+        return token_logprobs(logits, targets, entropy=True, temperature=temp)
+    return token_logprobs(logits, targets, temperature=temp)

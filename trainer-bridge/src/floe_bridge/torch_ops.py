@@ -49,7 +49,9 @@ class TreeBatch:
 
     dtypes: ``input_ids``, ``position_ids``, ``subtree_end``, ``pred_idx``, ``sample_idx``
     int64 (what embedding lookups, RoPE and advanced indexing want); ``loss_mask`` bool;
-    ``old_logprobs`` and ``advantages`` float32 (cast to the loss dtype where used).
+    ``old_logprobs``, ``advantages`` and ``temperature`` float32 (cast to the loss dtype
+    where used). ``temperature`` is the sampling temperature of each loss row's call (1
+    elsewhere): a loss row's log-prob is ``log_softmax(logits[pred] / temperature)``.
     """
 
     input_ids: Tensor
@@ -60,6 +62,7 @@ class TreeBatch:
     old_logprobs: Tensor
     advantages: Tensor
     sample_idx: Tensor
+    temperature: Tensor | None = None  # None: every row at T = 1
     meta: MicroBatchMeta | None = None
 
     @property
@@ -83,7 +86,7 @@ class TreeBatch:
 
 
 _INT_COLUMNS = ("input_ids", "position_ids", "subtree_end", "pred_idx", "sample_idx")
-_FLOAT_COLUMNS = ("old_logprobs", "advantages")
+_FLOAT_COLUMNS = ("old_logprobs", "advantages", "temperature")
 
 
 def to_tensors(mb: MicroBatch, device: torch.device | str = "cpu") -> TreeBatch:
@@ -317,17 +320,25 @@ def cu_seqlens(subtree_end: Tensor, position_ids: Tensor) -> Tensor | None:
 
 
 @overload
-def token_logprobs(logits: Tensor, targets: Tensor, *, entropy: Literal[False] = ...) -> Tensor: ...
-@overload
-def token_logprobs(logits: Tensor, targets: Tensor, *, entropy: Literal[True]) -> tuple[Tensor, Tensor]: ...
 def token_logprobs(
-    logits: Tensor, targets: Tensor, *, entropy: bool = False
+    logits: Tensor, targets: Tensor, *, entropy: Literal[False] = ..., temperature: Tensor | None = ...
+) -> Tensor: ...
+@overload
+def token_logprobs(
+    logits: Tensor, targets: Tensor, *, entropy: Literal[True], temperature: Tensor | None = ...
+) -> tuple[Tensor, Tensor]: ...
+def token_logprobs(
+    logits: Tensor, targets: Tensor, *, entropy: bool = False, temperature: Tensor | None = None
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``log_softmax(logits[i])[targets[i]]`` for already-gathered rows ``logits [M, V]``,
-    in float32 via one logsumexp per row (no [M, V] log-softmax kept for backward beyond
-    what logsumexp and the gather need). With ``entropy=True`` also the entropy of each
-    row's distribution (``lse - sum(p * logits)``)."""
+    """``log_softmax(logits[i] / T[i])[targets[i]]`` for already-gathered rows ``logits [M,
+    V]`` (``T`` = ``temperature``, ``[M]``, default 1: the processed log-probs of a call
+    sampled at that temperature, as vLLM returns them with ``--logprobs-mode
+    processed_logprobs``), in float32 via one logsumexp per row (no [M, V] log-softmax kept
+    for backward beyond what logsumexp and the gather need). With ``entropy=True`` also the
+    entropy of each row's distribution (``lse - sum(p * logits)``)."""
     h = logits.float()
+    if temperature is not None:
+        h = h / temperature.to(h.device, torch.float32)[:, None]
     lse = torch.logsumexp(h, dim=-1)
     logp = h.gather(-1, targets.to(torch.int64)[:, None]).squeeze(-1) - lse
     if not entropy:
@@ -339,11 +350,13 @@ def token_logprobs(
 
 @overload
 def gather_logprobs(
-    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[False] = ...
+    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[False] = ...,
+    temperature: Tensor | None = ...,
 ) -> Tensor: ...
 @overload
 def gather_logprobs(
-    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[True]
+    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[True],
+    temperature: Tensor | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 def gather_logprobs(
     logits: Tensor,
@@ -352,6 +365,7 @@ def gather_logprobs(
     loss_mask: Tensor,
     *,
     entropy: bool = False,
+    temperature: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the loss rows, in row order: ``logp[t] =
     log_softmax(logits[pred_idx[t]])[input_ids[t]]`` for every ``t`` with ``loss_mask[t]``.
@@ -359,7 +373,9 @@ def gather_logprobs(
     ``logits`` is ``[N, V]`` (or ``[1, N, V]``). Only the ``n_loss`` predicting rows are
     indexed (a parent with several sampled children is gathered once per child); the
     normaliser is a logsumexp over those rows, never a log-softmax over all N rows.
-    With ``entropy=True`` returns ``(logp, entropy)`` over the same gathered rows.
+    With ``entropy=True`` returns ``(logp, entropy)`` over the same gathered rows. With
+    ``temperature`` (``[N]``, the micro-batch's column) each loss row is scored at its
+    call's temperature, ``log_softmax(logits[pred_idx[t]] / temperature[t])``.
     """
     if logits.dim() == 3:
         if logits.shape[0] != 1:
@@ -374,9 +390,10 @@ def gather_logprobs(
         raise ValueError("gather_logprobs: a loss row has no predicting row (pred_idx = -1)")
     picked = logits.index_select(0, pred)
     targets = input_ids.to(torch.int64)[rows]
+    temp = None if temperature is None else temperature[rows]
     if entropy:
-        return token_logprobs(picked, targets, entropy=True)
-    return token_logprobs(picked, targets)
+        return token_logprobs(picked, targets, entropy=True, temperature=temp)
+    return token_logprobs(picked, targets, temperature=temp)
 
 
 # --- the loss ------------------------------------------------------------------------------
