@@ -64,11 +64,21 @@ func perRequestOwned(groups []trace.Group, adv batcher.Advantage) ownedSet {
 	out := ownedSet{}
 	for gi := range groups {
 		g := &groups[gi]
-		rewards := make([]float64, len(g.Sessions))
+		// failed sessions are out of the baseline and get 0 (docs/control.md)
+		var rewards []float64
 		for i := range g.Sessions {
-			rewards[i] = g.Sessions[i].Reward
+			if g.Sessions[i].Status != trace.StatusFailed {
+				rewards = append(rewards, g.Sessions[i].Reward)
+			}
 		}
-		advs := batcher.Advantages(adv, rewards)
+		base := batcher.Advantages(adv, rewards)
+		advs := make([]float64, len(g.Sessions))
+		for i, k := 0, 0; i < len(g.Sessions); i++ {
+			if g.Sessions[i].Status != trace.StatusFailed {
+				advs[i] = base[k]
+				k++
+			}
+		}
 		for si := range g.Sessions {
 			s := &g.Sessions[si]
 			for _, c := range s.Calls {

@@ -148,11 +148,7 @@ func (r *Reconstructed) LongestPath() (rows int64, session string) {
 // or difference overflows): training on them would be ±Inf or a silent 0.
 func (r *Reconstructed) addSamples(kind Advantage) error {
 	g := r.Group
-	rewards := make([]float64, len(g.Sessions))
-	for i := range g.Sessions {
-		rewards[i] = g.Sessions[i].Reward
-	}
-	adv, err := checkedAdvantages(kind, rewards)
+	adv, err := SessionAdvantages(kind, g.Sessions)
 	if err != nil {
 		return fmt.Errorf("group %q: %w", g.ID, err)
 	}
