@@ -544,3 +544,130 @@ def test_temperature_equivalence_through_refserver(
         assert sorted(samples["num_truncated_calls"]) == [0, 0, 1]
     else:
         assert n_t07 == 0 and sorted(samples["num_truncated_calls"]) == [0, 0, 0]
+
+
+# --- the hand-built adversarial groups, dp = 3, budgets that force cuts ------------------------
+
+
+def _adversarial_dump(tmp: Path) -> Path:
+    root = Path(__file__).resolve().parents[2]
+    out = tmp / "adversarial"
+    out.mkdir()
+    env = {**__import__("os").environ, "FLOE_DUMP_ADVERSARIAL": str(out)}
+    subprocess.run(["go", "test", "-count=1", "-run", "TestDumpAdversarialSteps", "./batcher/"], cwd=root, env=env,
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
+def _grpo_advantages(rewards: list[float]) -> list[float]:
+    """(r - mean) / (unbiased std + 1e-6), a group of one gets 0 (docs/batcher.md)."""
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    mean = sum(rewards) / n
+    std = (sum((r - mean) ** 2 for r in rewards) / (n - 1)) ** 0.5
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+@pytest.mark.parametrize("strategy", ["tree", "prefix_merging", "per_request"])
+def test_adversarial_groups_dp3(strategy: str, tmp_path: Path) -> None:
+    """Issue 13 item 6: identical samples, n > 1, retries, prompts ending inside responses,
+    single tokens, untrainable calls, a deep chain with drift, some calls sampled at T = 0.7
+    (batcher/adversarial_test.go's shapes), packed by floe at dp = 3 under a budget equal to
+    the longest path. Every rank's micro-batches through the tiny model with world_size = 3
+    and the rank gradients averaged as DDP does, against each trainable call scored alone:
+    log-probs within 1e-5, loss and every parameter gradient within 1e-4."""
+    import os
+
+    import pyarrow as pa
+
+    dump = _adversarial_dump(tmp_path)
+    groups = json.loads((dump / "groups.json").read_text())
+    meta = json.loads((dump / strategy / "meta.json").read_text())
+    world = int(meta["ranks"])
+    denom = int(meta["loss_tokens_global"])
+    vocab = 1 + max(max([*(c["prompt_ids"] or []), *(c["response_ids"] or []), 0]) for g in groups
+                    for s in g["sessions"] for c in s["calls"] or [])
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   initializer_range=INIT_RANGE, tie_word_embeddings=True)
+    model = transformers.Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).eval()
+    params = [p for p in model.parameters()]
+
+    # reference: each trainable call alone, at its temperature; loss terms keyed by context
+    ref_terms: dict[tuple[tuple[int, ...], int, float], list[float]] = defaultdict(list)
+    # The recorded log-probs are tags (distinct per call, down to -95), not a model's: the
+    # loss takes old = the reference log-prob + 0.15·sin(1000·tag), so ratios sit around 1
+    # (some clipped, most not) and every term has a gradient; both sides use the same.
+    old_of: dict[tuple[tuple[int, ...], int, float], float] = {}
+    ref_loss = torch.zeros((), dtype=torch.float64)
+    n_terms = 0
+    for g in groups:
+        advs = _grpo_advantages([s["reward"] for s in g["sessions"]])
+        for s, adv in zip(g["sessions"], advs, strict=True):
+            for c in s["calls"] or []:
+                if not c["trainable"]:
+                    continue
+                p, r = c["prompt_ids"], c["response_ids"]
+                temp = ((c.get("sampling") or {}).get("temperature")) or 1.0
+                logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : len(p) + len(r) - 1]
+                logp = torch.log_softmax(logits.float() / temp, -1).gather(1, torch.tensor(r)[:, None])[:, 0]
+                tags = torch.tensor(c["logprobs"], dtype=torch.float32)
+                old = logp.detach() + 0.15 * torch.sin(1000 * tags)
+                a = torch.full((len(r),), float(adv), dtype=torch.float32)
+                loss, _ = grpo_loss(logp, old, a, denom)
+                ref_loss = ref_loss + loss.double()
+                n_terms += len(r)
+                for k in range(len(r)):
+                    key = (tuple(p + r[:k]), r[k], round(float(tags[k]), 7))
+                    ref_terms[key].append(float(logp[k].detach()))
+                    old_of[key] = float(old[k])
+    assert n_terms == denom
+    ref_loss.backward()  # type: ignore[no-untyped-call]
+    ref_grads = [p.grad.detach().clone() for p in params]  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+
+    # floe: every rank's micro-batches, world_size = 3, gradients averaged over the ranks
+    rank_grads = []
+    total_loss = 0.0
+    worst = 0.0
+    for rank in range(world):
+        with pa.ipc.open_stream(os.fspath(dump / strategy / f"rank{rank}.arrows")) as rd:
+            batches = list(rd)
+        assert len(batches) == int(meta["micro_batches"])
+        model.zero_grad(set_to_none=True)
+        for b in batches:
+            mb = MicroBatch.from_record_batch(b)
+            tb = to_tensors(mb)
+            rows = tb.loss_rows()
+            if rows.numel() == 0:
+                continue
+            logp = score_logprobs(model, tb, attn="sdpa")
+            ids, pred = tb.input_ids.tolist(), tb.pred_idx.tolist()
+            olds = []
+            for j, q in enumerate(rows.tolist()):
+                ctx, v = [], pred[q]
+                while v >= 0:
+                    ctx.append(ids[v])
+                    v = pred[v]
+                key = (tuple(reversed(ctx)), ids[q], round(float(tb.old_logprobs[q]), 7))
+                assert key in ref_terms, f"a loss row no call sampled: {key}"
+                worst = max(worst, min(abs(float(logp[j]) - x) for x in ref_terms[key]))
+                olds.append(old_of[key])
+            loss, _ = grpo_loss(logp, torch.tensor(olds), tb.advantages[rows], denom, world_size=world)
+            loss.backward()  # type: ignore[no-untyped-call]
+            total_loss += float(loss.detach())
+        rank_grads.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
+    print(f"\n{strategy} dp={world}: logprob max err {worst:.3g}")
+    assert worst < LOGP_ATOL
+    loss_avg = total_loss / world
+    assert loss_avg == pytest.approx(float(ref_loss), rel=LOSS_RTOL, abs=1e-7)
+    max_rel = 0.0
+    for i, p in enumerate(params):
+        got = sum(g[i] for g in rank_grads) / world
+        want = ref_grads[i]
+        scale = float(want.abs().max()) + 1e-12
+        max_rel = max(max_rel, float((got - want).abs().max()) / scale)
+    print(f"{strategy} dp={world}: loss {loss_avg:.6g} vs {float(ref_loss):.6g}; grad max rel err {max_rel:.3g}")
+    assert max_rel < GRAD_RTOL
