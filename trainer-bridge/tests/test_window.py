@@ -200,3 +200,23 @@ def test_token_mixing_layers_are_refused_on_packed_micro_batches() -> None:
                                                                    num_hidden_layers=1, state_size=4)).eval()
     with pytest.raises(ValueError, match=r"model_type 'mamba'.*token-mixing layers"):
         score_logprobs(mamba, tree, attn="auto")
+
+
+@pytest.mark.slow
+def test_sliding_window_flex_attention_path() -> None:
+    """The FlexAttention path (windowed BlockMask + mask_mod, compiled by transformers) on
+    Mistral with window 8 equals per-request scoring. ~30 s of torch.compile on CPU."""
+    import warnings
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = _build("mistral", "flex_attention").to(device)
+    ref_model = _build("mistral", "sdpa")
+    paths = _paths()
+    tb, _ = _tree(paths, pad=26)  # several 32-row blocks, a partial last one
+    want = _reference(ref_model, paths, tb)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = score_logprobs(model, tb.to(device), attn="flex", block_size=32).cpu()
+    err = float((got - want).abs().max())
+    print(f"\nmistral/flex: window {WINDOW}, depth 38: max |tree - per-request| = {err:.3g}")
+    assert err < (LOGP_ATOL if device == "cpu" else 2e-3)
