@@ -653,7 +653,7 @@ def test_adversarial_groups_dp3(strategy: str, tmp_path: Path) -> None:
                     v = pred[v]
                 key = (tuple(reversed(ctx)), ids[q], round(float(tb.old_logprobs[q]), 7))
                 assert key in ref_terms, f"a loss row no call sampled: {key}"
-                worst = max(worst, min(abs(float(logp[j]) - x) for x in ref_terms[key]))
+                worst = max(worst, min(abs(float(logp[j].detach()) - x) for x in ref_terms[key]))
                 olds.append(old_of[key])
             loss, _ = grpo_loss(logp, torch.tensor(olds), tb.advantages[rows], denom, world_size=world)
             loss.backward()  # type: ignore[no-untyped-call]
