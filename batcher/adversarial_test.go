@@ -42,6 +42,7 @@ func decodeOwned(t *testing.T, st *batcher.Step) ownedSet {
 			lps := rec.Column(5).(*array.Float32).Float32Values()
 			advs := rec.Column(6).(*array.Float32).Float32Values()
 			sample := rec.Column(7).(*array.Int32).Int32Values()
+			temps := rec.Column(8).(*array.Float32).Float32Values()
 			for q := range mask {
 				if mask[q] == 0 {
 					continue
@@ -55,7 +56,7 @@ func decodeOwned(t *testing.T, st *batcher.Step) ownedSet {
 					chain = append([]int32{ids[k]}, chain...)
 				}
 				sm := &st.Samples[s]
-				out[ownedTerm{sm.GroupID, sm.SessionID, lossTerm{tokensKey(chain), ids[q], lps[q], advs[q]}}]++
+				out[ownedTerm{sm.GroupID, sm.SessionID, lossTerm{tokensKey(chain), ids[q], lps[q], advs[q], temps[q]}}]++
 			}
 			rec.Release()
 		}
@@ -285,10 +286,15 @@ func mk(session string, index, choice int, prompt, response []int32, same bool) 
 		h = (h%97)*1000 + index*10 + choice
 	}
 	for i := range lp {
-		lp[i] = -float32(h*64+i+1) / 1024
+		lp[i] = -float32(h*64+i+1) / 65536 // distinct, and above trace.MinLogprob
 	}
-	return trace.Call{SessionID: session, Index: index, Choice: choice, PromptIDs: prompt, ResponseIDs: response,
+	c := trace.Call{SessionID: session, Index: index, Choice: choice, PromptIDs: prompt, ResponseIDs: response,
 		Logprobs: lp, Trainable: true, PolicyVersion: int64(3 + index%2)}
+	if index%3 == 2 { // some calls sampled at T = 0.7: the temperature travels with each loss row
+		t := 0.7
+		c.Sampling = &trace.Sampling{Temperature: &t}
+	}
+	return c
 }
 
 func sess(id string, reward float64, calls ...trace.Call) trace.Session {

@@ -16,17 +16,28 @@ import (
 )
 
 // lossTerm is what one trained token contributes to the loss: the tokens the model sees,
-// the token it predicts, the rollout log-prob and the advantage. Two layouts train the
-// same thing iff they yield the same multiset of these.
+// the token it predicts, the rollout log-prob, the advantage and the temperature the token
+// was sampled at. Two layouts train the same thing iff they yield the same multiset of these.
 type lossTerm struct {
-	context   string // token ids, 4 bytes each
-	target    int32
-	logprob   float32
-	advantage float32
+	context     string // token ids, 4 bytes each
+	target      int32
+	logprob     float32
+	advantage   float32
+	temperature float32
 }
 
 func (t lossTerm) String() string {
-	return fmt.Sprintf("{context %d tokens, target %d, logprob %v, advantage %v}", len(t.context)/4, t.target, t.logprob, t.advantage)
+	return fmt.Sprintf("{context %d tokens, target %d, logprob %v, advantage %v, temperature %v}",
+		len(t.context)/4, t.target, t.logprob, t.advantage, t.temperature)
+}
+
+// callTemperature is the temperature a call's tokens are scored at, from its recorded
+// sampling parameters alone: 1 when none was sent, or for greedy decoding.
+func callTemperature(c *trace.Call) float32 {
+	if c.Sampling == nil || c.Sampling.Temperature == nil || *c.Sampling.Temperature <= 1e-5 {
+		return 1
+	}
+	return float32(*c.Sampling.Temperature)
 }
 
 type termSet map[lossTerm]int
@@ -53,11 +64,21 @@ func perRequestOwned(groups []trace.Group, adv batcher.Advantage) ownedSet {
 	out := ownedSet{}
 	for gi := range groups {
 		g := &groups[gi]
-		rewards := make([]float64, len(g.Sessions))
+		// failed sessions are out of the baseline and get 0 (docs/control.md)
+		var rewards []float64
 		for i := range g.Sessions {
-			rewards[i] = g.Sessions[i].Reward
+			if g.Sessions[i].Status != trace.StatusFailed {
+				rewards = append(rewards, g.Sessions[i].Reward)
+			}
 		}
-		advs := batcher.Advantages(adv, rewards)
+		base := batcher.Advantages(adv, rewards)
+		advs := make([]float64, len(g.Sessions))
+		for i, k := 0, 0; i < len(g.Sessions); i++ {
+			if g.Sessions[i].Status != trace.StatusFailed {
+				advs[i] = base[k]
+				k++
+			}
+		}
 		for si := range g.Sessions {
 			s := &g.Sessions[si]
 			for _, c := range s.Calls {
@@ -67,7 +88,7 @@ func perRequestOwned(groups []trace.Group, adv batcher.Advantage) ownedSet {
 				seq := append(append([]int32{}, c.PromptIDs...), c.ResponseIDs...)
 				for k, id := range c.ResponseIDs {
 					n := len(c.PromptIDs) + k
-					out[ownedTerm{g.ID, s.ID, lossTerm{tokensKey(seq[:n]), id, c.Logprobs[k], float32(advs[si])}}]++
+					out[ownedTerm{g.ID, s.ID, lossTerm{tokensKey(seq[:n]), id, c.Logprobs[k], float32(advs[si]), callTemperature(&c)}}]++
 				}
 			}
 		}
@@ -151,10 +172,11 @@ func decodeRecord(t *testing.T, rec arrow.RecordBatch, cfg batcher.Config, st *b
 	lps := rec.Column(5).(*array.Float32).Float32Values()
 	advs := rec.Column(6).(*array.Float32).Float32Values()
 	sample := rec.Column(7).(*array.Int32).Int32Values()
+	temps := rec.Column(8).(*array.Float32).Float32Values()
 	real := int(meta.Rows)
 	for q := 0; q < n; q++ {
 		if q >= real { // padding
-			if mask[q] != 0 || end[q] != int32(q+1) || pred[q] != -1 || pos[q] != 0 || sample[q] != -1 {
+			if mask[q] != 0 || end[q] != int32(q+1) || pred[q] != -1 || pos[q] != 0 || sample[q] != -1 || temps[q] != 1 {
 				t.Fatalf("padding row %d: mask %d end %d pred %d pos %d sample %d", q, mask[q], end[q], pred[q], pos[q], sample[q])
 			}
 			continue
@@ -173,8 +195,8 @@ func decodeRecord(t *testing.T, rec arrow.RecordBatch, cfg batcher.Config, st *b
 			t.Fatalf("row %d: subtree_end %d out of range", q, end[q])
 		}
 		if mask[q] == 0 {
-			if lps[q] != 0 || advs[q] != 0 || sample[q] != -1 {
-				t.Fatalf("context row %d carries logprob %v advantage %v sample %d", q, lps[q], advs[q], sample[q])
+			if lps[q] != 0 || advs[q] != 0 || sample[q] != -1 || temps[q] != 1 {
+				t.Fatalf("context row %d carries logprob %v advantage %v sample %d temperature %v", q, lps[q], advs[q], sample[q], temps[q])
 			}
 			continue
 		}
@@ -191,7 +213,7 @@ func decodeRecord(t *testing.T, rec arrow.RecordBatch, cfg batcher.Config, st *b
 		for i, j := 0, len(chain)-1; i < j; i, j = i+1, j-1 {
 			chain[i], chain[j] = chain[j], chain[i]
 		}
-		out[lossTerm{tokensKey(chain), ids[q], lps[q], advs[q]}]++
+		out[lossTerm{tokensKey(chain), ids[q], lps[q], advs[q], temps[q]}]++
 	}
 	checkVisibility(t, pred[:real], end[:real])
 	return int64(meta.LossTokensGlobal*0) + countLoss(mask)

@@ -25,6 +25,7 @@ func MicroBatchSchema() *arrow.Schema {
 		{Name: "old_logprobs", Type: arrow.PrimitiveTypes.Float32},
 		{Name: "advantages", Type: arrow.PrimitiveTypes.Float32},
 		{Name: "sample_idx", Type: arrow.PrimitiveTypes.Int32},
+		{Name: "temperature", Type: arrow.PrimitiveTypes.Float32},
 	}, nil)
 }
 
@@ -40,6 +41,7 @@ func SampleTableSchema() *arrow.Schema {
 		{Name: "policy_version", Type: arrow.PrimitiveTypes.Int64},
 		{Name: "num_calls", Type: arrow.PrimitiveTypes.Int32},
 		{Name: "num_loss_tokens", Type: arrow.PrimitiveTypes.Int64},
+		{Name: "num_truncated_calls", Type: arrow.PrimitiveTypes.Int32},
 	}, nil)
 }
 
@@ -92,17 +94,17 @@ func (st *Step) Record(mem memory.Allocator, rank, i int) (arrow.RecordBatch, er
 	return cols.record(MicroBatchSchema(), arrow.NewMetadata([]string{MetadataKey}, []string{string(meta)})), nil
 }
 
-// columns are the eight output columns of one micro-batch, written in place in buffers
+// columns are the nine output columns of one micro-batch, written in place in buffers
 // from the allocator: no builders, no per-row appends.
 type columns struct {
-	n                           int
-	bufs                        [8]*memory.Buffer
-	ids, pos, end, pred, sample []int32
-	mask                        []uint8
-	logprobs, advantages        []float32
+	n                                 int
+	bufs                              [9]*memory.Buffer
+	ids, pos, end, pred, sample       []int32
+	mask                              []uint8
+	logprobs, advantages, temperature []float32
 }
 
-var columnWidths = [8]int{4, 4, 4, 4, 1, 4, 4, 4}
+var columnWidths = [9]int{4, 4, 4, 4, 1, 4, 4, 4, 4}
 
 func newColumns(mem memory.Allocator, n int) *columns {
 	c := &columns{n: n}
@@ -118,6 +120,7 @@ func newColumns(mem memory.Allocator, n int) *columns {
 	c.logprobs = float32s(c.bufs[5])
 	c.advantages = float32s(c.bufs[6])
 	c.sample = int32s(c.bufs[7])
+	c.temperature = float32s(c.bufs[8])
 	return c
 }
 
@@ -190,11 +193,13 @@ func (c *columns) writePiece(p *piece, advantages []float32, start int32) int32 
 			s := p.base + nd.sample
 			fill(c.advantages[r0:r1], advantages[s])
 			fill(c.sample[r0:r1], s)
+			fill(c.temperature[r0:r1], nd.temp)
 		} else {
 			clear(c.mask[r0:r1])
 			clear(c.logprobs[r0:r1])
 			clear(c.advantages[r0:r1])
 			fill(c.sample[r0:r1], none)
+			fill(c.temperature[r0:r1], 1)
 		}
 		row = r1
 		stack = append(stack, frame{n: n, child: nd.first, first: r0, after: r1})
@@ -224,6 +229,7 @@ func (c *columns) writePadding(from int32) {
 	clear(c.mask[from:])
 	clear(c.logprobs[from:])
 	clear(c.advantages[from:])
+	fill(c.temperature[from:], 1)
 }
 
 func fill[T any](s []T, v T) {
@@ -247,6 +253,7 @@ func (st *Step) SampleTable(mem memory.Allocator) arrow.RecordBatch {
 		b.Field(6).(*array.Int64Builder).Append(s.PolicyVersion)
 		b.Field(7).(*array.Int32Builder).Append(s.NumCalls)
 		b.Field(8).(*array.Int64Builder).Append(s.NumLossTokens)
+		b.Field(9).(*array.Int32Builder).Append(s.NumTruncatedCalls)
 	}
 	return b.NewRecordBatch()
 }

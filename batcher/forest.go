@@ -14,6 +14,7 @@ const none int32 = -1
 type node struct {
 	tokens   []int32
 	logprobs []float32 // one per token when the run is sampled (loss), nil when context
+	temp     float32   // with logprobs: the temperature the run was sampled at
 	sample   int32     // step sample index of the loss owner, none when context
 	creator  int32     // step sample index of the session whose call created the node
 	parent   int32
@@ -53,11 +54,11 @@ func (f *forest) rows() int64 {
 }
 
 // addChild appends a new node under parent and returns its index.
-func (f *forest) addChild(parent int32, tokens []int32, logprobs []float32, sample, creator int32) int32 {
+func (f *forest) addChild(parent int32, tokens []int32, logprobs []float32, temp float32, sample, creator int32) int32 {
 	p := &f.nodes[parent]
 	idx := int32(len(f.nodes))
 	nd := node{
-		tokens: tokens, logprobs: logprobs, sample: sample, creator: creator,
+		tokens: tokens, logprobs: logprobs, temp: temp, sample: sample, creator: creator,
 		parent: parent, first: none, last: none, next: none,
 		depth: p.depth + int32(len(p.tokens)),
 	}
@@ -77,7 +78,7 @@ func (f *forest) split(n int32, at int) int32 {
 	idx := int32(len(f.nodes))
 	old := f.nodes[n]
 	tail := node{
-		tokens: old.tokens[at:], sample: old.sample, creator: old.creator,
+		tokens: old.tokens[at:], temp: old.temp, sample: old.sample, creator: old.creator,
 		parent: n, first: old.first, last: old.last, next: none,
 		depth: old.depth + int32(at),
 	}
@@ -102,7 +103,7 @@ func (f *forest) split(n int32, at int) int32 {
 // context and may pass through any row. With logprobs set they are sampled by sample: they
 // may only claim rows that carry no loss yet (a row trains at most one call), so where
 // another call already sampled the same tokens the path branches off instead.
-func (f *forest) insert(cur cursor, tokens []int32, logprobs []float32, sample, creator int32) cursor {
+func (f *forest) insert(cur cursor, tokens []int32, logprobs []float32, temp float32, sample, creator int32) cursor {
 	claim := logprobs != nil
 	for len(tokens) > 0 {
 		nd := &f.nodes[cur.n]
@@ -124,6 +125,7 @@ func (f *forest) insert(cur cursor, tokens []int32, logprobs []float32, sample, 
 					f.split(n, m)
 				}
 				f.nodes[n].logprobs = logprobs[:m]
+				f.nodes[n].temp = temp
 				f.nodes[n].sample = sample
 				cur = cursor{n: n, off: m}
 				logprobs = logprobs[m:]
@@ -135,7 +137,7 @@ func (f *forest) insert(cur cursor, tokens []int32, logprobs []float32, sample, 
 		}
 		c := f.findChild(cur.n, tokens, claim)
 		if c == none {
-			n := f.addChild(cur.n, tokens, logprobs, orNone(claim, sample), creator)
+			n := f.addChild(cur.n, tokens, logprobs, temp, orNone(claim, sample), creator)
 			return cursor{n: n, off: len(tokens)}
 		}
 		cur = cursor{n: c}

@@ -23,8 +23,8 @@ func reconstruct(g *trace.Group, strategy Strategy) *forest {
 		case PerRequest:
 			for ci := range s.Calls {
 				if c := &s.Calls[ci]; c.Trainable {
-					root := f.addChild(0, c.PromptIDs, nil, none, sample)
-					f.addChild(root, c.ResponseIDs, c.Logprobs, sample, sample)
+					root := f.addChild(0, c.PromptIDs, nil, 0, none, sample)
+					f.addChild(root, c.ResponseIDs, c.Logprobs, temperature(c), sample, sample)
 				}
 			}
 		case PrefixMerging:
@@ -32,13 +32,24 @@ func reconstruct(g *trace.Group, strategy Strategy) *forest {
 		default: // Tree
 			for ci := range s.Calls {
 				if c := &s.Calls[ci]; c.Trainable {
-					end := f.insert(f.top(), c.PromptIDs, nil, none, sample)
-					f.insert(end, c.ResponseIDs, c.Logprobs, sample, sample)
+					end := f.insert(f.top(), c.PromptIDs, nil, 0, none, sample)
+					f.insert(end, c.ResponseIDs, c.Logprobs, temperature(c), sample, sample)
 				}
 			}
 		}
 	}
 	return f
+}
+
+// temperature is the temperature the trainer scores call c's sampled tokens at: the one it
+// was sampled with, 1 when unknown or greedy (a greedy call's log-probs are flagged as not
+// reproducible: trace.Sampling.Reproducible).
+func temperature(c *trace.Call) float32 {
+	t := c.Sampling.EffectiveTemperature()
+	if t <= 1e-5 {
+		return 1
+	}
+	return float32(t)
 }
 
 // chain is one sequence of prefix_merging: a path from root to tip holding length rows.
@@ -65,16 +76,16 @@ func mergeChains(f *forest, s *trace.Session, sample int32) {
 			}
 		}
 		if k < 0 {
-			root := f.addChild(0, c.PromptIDs, nil, none, sample)
-			tip := f.addChild(root, c.ResponseIDs, c.Logprobs, sample, sample)
+			root := f.addChild(0, c.PromptIDs, nil, 0, none, sample)
+			tip := f.addChild(root, c.ResponseIDs, c.Logprobs, temperature(c), sample, sample)
 			chains = append(chains, chain{root: root, tip: tip, length: len(c.PromptIDs) + len(c.ResponseIDs)})
 			continue
 		}
 		ch := chains[k]
 		if rest := c.PromptIDs[ch.length:]; len(rest) > 0 {
-			ch.tip = f.addChild(ch.tip, rest, nil, none, sample)
+			ch.tip = f.addChild(ch.tip, rest, nil, 0, none, sample)
 		}
-		ch.tip = f.addChild(ch.tip, c.ResponseIDs, c.Logprobs, sample, sample)
+		ch.tip = f.addChild(ch.tip, c.ResponseIDs, c.Logprobs, temperature(c), sample, sample)
 		ch.length = len(c.PromptIDs) + len(c.ResponseIDs)
 		// The extended chain becomes the most recent one.
 		copy(chains[k:], chains[k+1:])

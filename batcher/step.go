@@ -21,6 +21,10 @@ type Sample struct {
 	PolicyVersion int64 // oldest policy version among its trainable calls
 	NumCalls      int32 // calls recorded, trainable or not
 	NumLossTokens int64
+	// NumTruncatedCalls counts the session's trainable calls sampled with top_p < 1,
+	// top_k > 0 or greedily: their processed log-probs are not log_softmax(logits / T), so
+	// the trainer cannot reproduce them (trace.Sampling.Reproducible).
+	NumTruncatedCalls int32
 }
 
 // MicroBatch is one rank's forward/backward pass: Rows real rows padded to PaddedRows.
@@ -40,6 +44,9 @@ type Stats struct {
 	Sessions       int
 	Calls          int
 	TrainableCalls int
+	// TruncatedCalls are trainable calls sampled with top_p < 1, top_k > 0 or greedily,
+	// whose processed log-probs the trainer cannot reproduce (Sample.NumTruncatedCalls).
+	TruncatedCalls int
 	InputTokens    int64   // Σ over calls of prompt+response tokens
 	DistinctRows   int64   // rows of the forests before any cut
 	CutFloor       int64   // the fewest rows any cut of the forests to the budget can forward
@@ -99,7 +106,9 @@ func Reconstruct(g *trace.Group, cfg Config) (*Reconstructed, error) {
 		return nil, err
 	}
 	r := &Reconstructed{Group: g, Strategy: cfg.Strategy, vmin: math.MaxInt64, vmax: math.MinInt64}
-	r.addSamples(cfg.Advantage)
+	if err := r.addSamples(cfg.Advantage); err != nil {
+		return nil, err
+	}
 	r.forest = reconstruct(g, cfg.Strategy)
 	for i := 1; i < len(r.forest.nodes); i++ {
 		if nd := &r.forest.nodes[i]; nd.sample != none {
@@ -134,17 +143,19 @@ func (r *Reconstructed) LongestPath() (rows int64, session string) {
 	return rows, session
 }
 
-// addSamples sets one sample per session of the group with its advantage.
-func (r *Reconstructed) addSamples(kind Advantage) {
+// addSamples sets one sample per session of the group with its advantage. It refuses a
+// group whose advantages are not finite float32s (rewards so large that their mean, spread
+// or difference overflows): training on them would be ±Inf or a silent 0.
+func (r *Reconstructed) addSamples(kind Advantage) error {
 	g := r.Group
-	rewards := make([]float64, len(g.Sessions))
-	for i := range g.Sessions {
-		rewards[i] = g.Sessions[i].Reward
+	adv, err := SessionAdvantages(kind, g.Sessions)
+	if err != nil {
+		return fmt.Errorf("group %q: %w", g.ID, err)
 	}
-	adv := Advantages(kind, rewards)
 	for i := range g.Sessions {
 		s := &g.Sessions[i]
 		version := int64(math.MaxInt64)
+		var truncated int32
 		for ci := range s.Calls {
 			c := &s.Calls[ci]
 			r.stats.Calls++
@@ -153,6 +164,10 @@ func (r *Reconstructed) addSamples(kind Advantage) {
 				continue
 			}
 			r.stats.TrainableCalls++
+			if !c.Sampling.Reproducible() {
+				r.stats.TruncatedCalls++
+				truncated++
+			}
 			version = min(version, c.PolicyVersion)
 			r.vmin, r.vmax = min(r.vmin, c.PolicyVersion), max(r.vmax, c.PolicyVersion)
 		}
@@ -162,8 +177,10 @@ func (r *Reconstructed) addSamples(kind Advantage) {
 		r.Samples = append(r.Samples, Sample{
 			Index: int32(i), SessionID: s.ID, GroupID: g.ID, TaskID: taskOf(g, s),
 			Reward: s.Reward, Advantage: float32(adv[i]), PolicyVersion: version, NumCalls: int32(len(s.Calls)),
+			NumTruncatedCalls: truncated,
 		})
 	}
+	return nil
 }
 
 // FormStep reconstructs, scores and packs the groups into step number n.
@@ -261,6 +278,7 @@ func (s *Stats) add(o *Stats) {
 	s.Sessions += o.Sessions
 	s.Calls += o.Calls
 	s.TrainableCalls += o.TrainableCalls
+	s.TruncatedCalls += o.TruncatedCalls
 	s.InputTokens += o.InputTokens
 	s.DistinctRows += o.DistinctRows
 	s.CutFloor += o.CutFloor

@@ -52,6 +52,8 @@ type Server struct {
 
 	slots    inflight
 	storeErr atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
+	// Sampling is the --sampling policy ("" is SamplingRecord).
+	Sampling SamplingPolicy
 }
 
 // Metrics receives the proxy's counts (floe serve turns them into Prometheus metrics).
@@ -423,6 +425,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	dw *deadlineWriter, lim Limits) {
 	ctx := r.Context()
 	started := s.now()
+	s.applySampling(d, req)
 	var version int64
 	if s.Gate != nil {
 		c, v, leave, err := s.Gate.Admit(ctx)
@@ -561,7 +564,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		c := trace.Call{
 			SessionID: session, Choice: i,
 			PromptIDs: res.PromptIDs, ResponseIDs: td.ResponseIDs, Logprobs: td.Logprobs,
-			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true,
+			FinishReason: ch.FinishReason, PolicyVersion: version, Trainable: true, Sampling: samplingOf(&req.Chat),
 			API: d.Name(), Started: started, Finished: finished, UpstreamLatency: res.Latency,
 			Request: body, UpstreamRequest: validUTF8(res.Upstream), Response: msg,
 		}
@@ -585,6 +588,9 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		}
 		if s.Metrics != nil {
 			s.Metrics.Recorded(d.Name(), c.Trainable)
+			if m, ok := s.Metrics.(SamplingMetrics); ok && !c.Sampling.Reproducible() {
+				m.SampledTruncated(d.Name())
+			}
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/proxy"
 )
 
 // Flag groups for commands that take part of floe serve's settings. Each command takes a
@@ -16,7 +17,7 @@ var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
 	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
-		"drain-timeout", "max-inflight"}
+		"drain-timeout", "max-inflight", "sampling"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
 	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
@@ -143,6 +144,14 @@ var serveFlags = []struct {
 	{"max-inflight", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.IntVar(&c.ProxyLimits.MaxInflight, n, c.ProxyLimits.MaxInflight,
 			"most model calls served at once; past it a call gets its provider's overloaded error at once (negative: no limit)")
+	}},
+	{"sampling", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.Func(n, "sampling policy: record (pass the caller's temperature and top_p upstream and train each call at its temperature) or force (sample every call at T=1, top_p=1, counting overrides) (default "+string(c.Sampling)+")",
+			func(v string) error {
+				p, err := proxy.ParseSamplingPolicy(v)
+				c.Sampling = p
+				return err
+			})
 	}},
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/proxy"
 )
 
 func TestRegisterFlagsParses(t *testing.T) {
@@ -31,6 +32,9 @@ func TestRegisterFlagsParses(t *testing.T) {
 			want: with(func(c *Config) { c.Batcher.TokenBudget = 2048 })},
 		{name: "bad token budget", args: []string{"-token-budget", "lots"}, wantErr: `invalid value "lots" for flag -token-budget: a number of rows or auto`},
 		{name: "bad strategy", args: []string{"-strategy", "bfs"}, wantErr: `unknown strategy "bfs"`},
+		{name: "sampling force", args: []string{"-sampling", "force"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingForce })},
+		{name: "sampling record", args: []string{"-sampling", "record"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingRecord })},
+		{name: "bad sampling", args: []string{"-sampling", "greedy"}, wantErr: `unknown sampling policy "greedy"`},
 		{
 			name: "proxy, batcher and step settings",
 			args: []string{"-proxy-addr", "127.0.0.1:0", "-upstream", "http://up", "-engine", "sglang", "-model", "m",
@@ -74,7 +78,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 	all := []string{"advantage", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",
 		"flight-addr", "flight-token", "flight-token-file", "gpu-memory", "group-size", "group-timeout", "groups-per-step",
 		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "proxy-addr",
-		"steps-ahead", "strategy",
+		"sampling", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
@@ -86,7 +90,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, sorted(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "upstream"}, limits...))},
+		{"proxy", ProxyFlags, sorted(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "sampling", "upstream"}, limits...))},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
 			[]string{"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead"}},
 	}

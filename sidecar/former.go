@@ -43,7 +43,15 @@ func examine(store trace.GroupStore, id string, minVersion int64, cfg Config) (*
 		return nil, fmt.Errorf("group %s: %w", id, err)
 	}
 	g, stale := cfg.usable(g, minVersion)
-	e := &examined{exam: plan.Examination{MinPolicyVersion: minVersion, UsableSessions: len(g.Sessions)}, stale: stale}
+	// Usable sessions are those whose rewards form the group's baseline: a group with
+	// fewer has no comparison to learn from.
+	usable := 0
+	for i := range g.Sessions {
+		if batcher.InBaseline(&g.Sessions[i]) {
+			usable++
+		}
+	}
+	e := &examined{exam: plan.Examination{MinPolicyVersion: minVersion, UsableSessions: usable}, stale: stale}
 	rec, err := batcher.Reconstruct(&g, cfg.Batcher)
 	if err != nil {
 		e.exam.Invalid = err.Error()

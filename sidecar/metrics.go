@@ -22,13 +22,14 @@ import (
 type Metrics struct {
 	reg *prometheus.Registry
 
-	calls       *prometheus.CounterVec
-	proxyErrors *prometheus.CounterVec
-	upstream    *prometheus.HistogramVec
-	finished    *prometheus.CounterVec
-	timedOut    prometheus.Counter
-	dropped     *prometheus.CounterVec
-	stale       prometheus.Counter
+	calls                                *prometheus.CounterVec
+	proxyErrors                          *prometheus.CounterVec
+	samplingOverrides, samplingTruncated *prometheus.CounterVec
+	upstream                             *prometheus.HistogramVec
+	finished                             *prometheus.CounterVec
+	timedOut                             prometheus.Counter
+	dropped                              *prometheus.CounterVec
+	stale                                prometheus.Counter
 
 	stepsFormed    *prometheus.CounterVec
 	stepFormation  prometheus.Histogram
@@ -65,6 +66,8 @@ func NewMetrics(st State) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	f := promauto{m.reg}
 	m.calls = f.counterVec("floe_calls_recorded_total", "Model calls recorded, by API kind and whether they are trainable.", "api", "trainable")
+	m.samplingOverrides = f.counterVec("floe_sampling_overrides_total", "Sampling parameters the proxy overrode under --sampling force, by API kind and parameter (temperature, top_p).", "api", "param")
+	m.samplingTruncated = f.counterVec("floe_calls_truncated_sampling_total", "Calls recorded with top_p < 1, top_k > 0 or greedy decoding, whose processed log-probs the trainer cannot reproduce, by API kind.", "api")
 	m.proxyErrors = f.counterVec("floe_proxy_errors_total", "Errors the proxy answered, by API kind and error kind.", "api", "kind")
 	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_upstream_latency_seconds",
 		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})
@@ -118,6 +121,16 @@ func (m *Metrics) Recorded(api string, trainable bool) {
 // Upstream implements proxy.Metrics.
 func (m *Metrics) Upstream(api string, latency time.Duration) {
 	m.upstream.WithLabelValues(api).Observe(latency.Seconds())
+}
+
+// SamplingOverridden implements proxy.SamplingMetrics.
+func (m *Metrics) SamplingOverridden(api, param string) {
+	m.samplingOverrides.WithLabelValues(api, param).Inc()
+}
+
+// SampledTruncated implements proxy.SamplingMetrics.
+func (m *Metrics) SampledTruncated(api string) {
+	m.samplingTruncated.WithLabelValues(api).Inc()
 }
 
 // Failed implements proxy.Metrics.

@@ -90,6 +90,11 @@ type Config struct {
 	// DrainTimeout bounds how long a pause waits for calls in flight before it cuts them
 	// off (recorded untrainable); negative: no bound.
 	DrainTimeout time.Duration
+	// Sampling is the proxy's sampling policy (--sampling): record (default) passes the
+	// caller's temperature and top_p upstream and records them with each call, so the
+	// trainer scores each call at its temperature; force samples every call at T = 1,
+	// top_p = 1 and counts the overrides.
+	Sampling proxy.SamplingPolicy
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -100,6 +105,7 @@ func DefaultConfig() Config {
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 		ProxyLimits: proxy.DefaultLimits(), DrainTimeout: proxy.DefaultDrainTimeout,
+		Sampling: proxy.SamplingRecord,
 	}
 }
 
@@ -109,6 +115,9 @@ func (cfg Config) Validate() error {
 		return err
 	}
 	if err := cfg.policy().Validate(); err != nil {
+		return err
+	}
+	if _, err := proxy.ParseSamplingPolicy(string(cfg.Sampling)); err != nil {
 		return err
 	}
 	if cfg.StepsAhead < 1 {
@@ -283,7 +292,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
-		Limits: cfg.ProxyLimits}
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)

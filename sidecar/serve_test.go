@@ -505,8 +505,8 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if len(status.DroppedGroups) != 2 || status.DroppedGroups[0].Group != "g2" || status.DroppedGroups[1].Kind != "nothing_to_train" {
-		t.Fatalf("status dropped_groups %+v, want g2 and g3 with nothing to train", status.DroppedGroups)
+	if len(status.DroppedGroups) != 2 || status.DroppedGroups[0].Group != "g2" || status.DroppedGroups[1].Kind != "too_few_sessions" {
+		t.Fatalf("status dropped_groups %+v, want g2 and g3 without a usable session (all failed: none is in the baseline)", status.DroppedGroups)
 	}
 	r.post("/floe/v1/pause", "", `{}`, 200)
 	r.post("/floe/v1/resume", "", `{"policy_version": 4}`, 200)
@@ -521,7 +521,7 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 	st.Close()
 	want := len(forms)
 	if err != nil || want != 2 || !slices.Equal(forms[0].Groups, []string{"g0", "g1"}) || !slices.Equal(forms[1].Groups, []string{"g4", "g5"}) {
-		t.Fatalf("PlanSteps = %+v %v; want [g0 g1], [g4 g5] ([g2 g3] have nothing to train)", forms, err)
+		t.Fatalf("PlanSteps = %+v %v; want [g0 g1], [g4 g5] ([g2 g3] have no usable session)", forms, err)
 	}
 	r = startServe(t, cfg)
 	waitFor(t, "every complete group formed or dropped", func() bool {

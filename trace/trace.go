@@ -35,6 +35,9 @@ type Call struct {
 	Logprobs      []float32 `json:"logprobs"` // one per response id: rollout log-probability of that sampled token
 	FinishReason  string    `json:"finish_reason"`
 	PolicyVersion int64     `json:"policy_version"`
+	// Sampling is what the call was sampled with, as sent upstream; nil when unknown
+	// (recorded before floe kept it). The trainer scores the call at its temperature.
+	Sampling *Sampling `json:"sampling,omitempty"`
 
 	// Trainable is false when the call is kept for the record but must not produce loss
 	// terms (token data missing or inconsistent upstream); UntrainableReason says why.
@@ -51,13 +54,55 @@ type Call struct {
 	Response        json.RawMessage `json:"response,omitempty"`         // the assistant message, normalized (OpenAI Chat)
 }
 
+// Sampling holds the sampling parameters of a call as sent to the inference server. A nil
+// field was not sent: the engine used its default (floe expects T = 1, top_p = 1, no
+// top_k: run vLLM with --generation-config vllm so a model's generation_config.json does
+// not change them behind floe's back).
+type Sampling struct {
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	TopK        *int     `json:"top_k,omitempty"` // floe's dialects never forward top_k today
+}
+
+// EffectiveTemperature is the temperature the call was sampled at: 1 when not sent or
+// unknown. A temperature <= 1e-5 is greedy decoding.
+func (s *Sampling) EffectiveTemperature() float64 {
+	if s == nil || s.Temperature == nil {
+		return 1
+	}
+	return *s.Temperature
+}
+
+// Reproducible reports whether the trainer can recompute the call's processed
+// log-probs from log_softmax(logits / T): false with top_p < 1, top_k > 0 or greedy
+// decoding (T <= 1e-5), whose behaviour policy is truncated.
+func (s *Sampling) Reproducible() bool {
+	if s == nil {
+		return true
+	}
+	if s.TopP != nil && *s.TopP < 1 {
+		return false
+	}
+	if s.TopK != nil && *s.TopK > 0 {
+		return false
+	}
+	return s.EffectiveTemperature() > 1e-5
+}
+
 // ErrInvalidCall is wrapped by every error Validate returns.
 var ErrInvalidCall = errors.New("invalid call")
 
+// MinLogprob is the lowest rollout log-probability a trainable call may carry. A sampled
+// token whose probability was below e^-100 (about 3.7e-44) was not drawn from the
+// distribution the log-prob describes: the value is a sentinel (vLLM writes -inf as
+// -9999) or garbage, and its importance ratio would be e^(logp+9999). Such a call is
+// recorded untrainable, with the reason.
+const MinLogprob = -100
+
 // Validate checks that the call's token data can be trained on: a non-empty prompt, a
-// non-empty response, one finite log-probability <= 0 per response token, and no negative
-// token ids. It returns an error wrapping ErrInvalidCall that names the call and the first
-// problem found.
+// non-empty response, one finite log-probability in [MinLogprob, 0] per response token,
+// and no negative token ids. It returns an error wrapping ErrInvalidCall that names the
+// call and the first problem found.
 func (c *Call) Validate() error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("%w: session %q call %d choice %d: %s",
@@ -88,6 +133,9 @@ func (c *Call) Validate() error {
 		}
 		if lp > 0 {
 			return fail("logprobs[%d] = %v is positive", i, lp)
+		}
+		if lp < MinLogprob {
+			return fail("logprobs[%d] = %v is below the floor %d (vLLM writes -inf as -9999)", i, lp, MinLogprob)
 		}
 	}
 	return nil

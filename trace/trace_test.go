@@ -29,6 +29,9 @@ func TestCallValidate(t *testing.T) {
 		{"NaN logprob", func(c *trace.Call) { c.Logprobs = []float32{float32(math.NaN()), -1} }, "logprobs[0] = NaN is not finite"},
 		{"infinite logprob", func(c *trace.Call) { c.Logprobs = []float32{-1, float32(math.Inf(-1))} }, "logprobs[1] = -Inf is not finite"},
 		{"positive logprob", func(c *trace.Call) { c.Logprobs = []float32{-1, 0.01} }, "logprobs[1] = 0.01 is positive"},
+		{"vLLM's -inf sentinel", func(c *trace.Call) { c.Logprobs = []float32{-1, -9999} }, "logprobs[1] = -9999 is below the floor -100"},
+		{"just below the floor", func(c *trace.Call) { c.Logprobs = []float32{-100.01, -1} }, "logprobs[0] = -100.01 is below the floor"},
+		{"at the floor", func(c *trace.Call) { c.Logprobs = []float32{trace.MinLogprob, -1} }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -160,11 +160,10 @@ func dumpGroups(path string, groups []trace.Group, kind batcher.Advantage) error
 	}
 	out := make([]groupJSON, 0, len(groups))
 	for _, g := range groups {
-		rewards := make([]float64, len(g.Sessions))
-		for i, s := range g.Sessions {
-			rewards[i] = s.Reward
+		advs, err := batcher.SessionAdvantages(kind, g.Sessions)
+		if err != nil {
+			return fmt.Errorf("dump groups: %w", err)
 		}
-		advs := batcher.Advantages(kind, rewards)
 		gj := groupJSON{ID: g.ID, TaskID: g.TaskID}
 		for i, s := range g.Sessions {
 			if s.Calls == nil {

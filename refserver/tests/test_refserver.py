@@ -524,3 +524,24 @@ def test_script_match_skips_side_calls(server: str) -> None:
     main = post(server + "/chat/completions", {"model": "floe-ref", "tools": [tool],
                 "messages": [{"role": "user", "content": "read notes"}]})
     assert main["choices"][0]["message"]["content"] == "for the agent"
+
+
+def test_sampling_at_a_temperature_returns_processed_logprobs(server: str, tok: Any) -> None:
+    """Issue 13 item 5: sampled at T = 0.7, each token's log-prob is the one it was drawn
+    with, log_softmax(logits / 0.7) (vLLM's processed_logprobs), recomputed here by teacher
+    forcing the seeded model; at T = 1 they are the raw ones."""
+    assert call("DELETE", root(server) + "/script")[0] == 200
+    model = build_model(len(tok), seed=0, max_model_len=4096)
+    for temp in (0.7, 1.0):
+        res = post(server + "/chat/completions", chat_body(max_tokens=10, temperature=temp, seed=11, top_logprobs=2))
+        ch = res["choices"][0]
+        prompt_ids, ids = res["prompt_token_ids"], ch["token_ids"]
+        got = torch.tensor([e["logprob"] for e in ch["logprobs"]["content"]], dtype=torch.float64)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt_ids + ids])).logits[0].double()
+        rows = logits[len(prompt_ids) - 1 : -1]
+        want = torch.log_softmax(rows / temp, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), (temp, (got - want).abs().max())
+        if temp != 1.0:
+            raw = torch.log_softmax(rows, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+            assert float((got - raw).abs().max()) > 1e-2

@@ -15,13 +15,15 @@ import (
 // choices take one sequence number each). The value is:
 //
 //	varint   Index, Choice, PolicyVersion
-//	byte     flags (bit 0: Trainable)
+//	byte     flags (bit 0: Trainable, bit 1: Sampling present)
 //	string   FinishReason, UntrainableReason, API       (uvarint length + bytes)
 //	time     Started, Finished                          (uvarint length + MarshalBinary; 0 = zero time)
 //	varint   UpstreamLatency (ns)
 //	prompt   uvarint ref (0: none, else referenced seq+1), uvarint shared, tokens tail
 //	tokens   ResponseIDs
 //	uvarint  len(Logprobs), then float32 little-endian each
+//	sampling only with flag bit 1: byte (bit 0 temperature, bit 1 top_p, bit 2 top_k set),
+//	         then float64 LE temperature, float64 LE top_p, varint top_k, each when set
 //	blob     Request, UpstreamRequest, Response          (delta against the previous seq's same field)
 //
 // tokens are a uvarint count then one zigzag varint per id (1–3 bytes for real vocabularies).
@@ -101,6 +103,9 @@ func encodeCall(c *trace.Call, pr promptRef, prevBlobs *[3][]byte) (val []byte, 
 	if c.Trainable {
 		flags |= 1
 	}
+	if c.Sampling != nil {
+		flags |= 2
+	}
 	e.b = append(e.b, flags)
 	e.str(c.FinishReason)
 	e.str(c.UntrainableReason)
@@ -115,6 +120,28 @@ func encodeCall(c *trace.Call, pr promptRef, prevBlobs *[3][]byte) (val []byte, 
 	e.uvarint(uint64(len(c.Logprobs)))
 	for _, lp := range c.Logprobs {
 		e.b = binary.LittleEndian.AppendUint32(e.b, math.Float32bits(lp))
+	}
+	if s := c.Sampling; s != nil {
+		var set byte
+		if s.Temperature != nil {
+			set |= 1
+		}
+		if s.TopP != nil {
+			set |= 2
+		}
+		if s.TopK != nil {
+			set |= 4
+		}
+		e.b = append(e.b, set)
+		if s.Temperature != nil {
+			e.b = binary.LittleEndian.AppendUint64(e.b, math.Float64bits(*s.Temperature))
+		}
+		if s.TopP != nil {
+			e.b = binary.LittleEndian.AppendUint64(e.b, math.Float64bits(*s.TopP))
+		}
+		if s.TopK != nil {
+			e.varint(int64(*s.TopK))
+		}
 	}
 	blobs := len(e.b)
 	e.blob(c.Request, prevBlobs[0])
@@ -251,7 +278,8 @@ func decodeCall(v []byte, session string, seq int, fulls [][]int32, prevBlobs *[
 	c.Index = int(d.varint("index"))
 	c.Choice = int(d.varint("choice"))
 	c.PolicyVersion = d.varint("policy version")
-	c.Trainable = d.byte1("flags")&1 != 0
+	flags := d.byte1("flags")
+	c.Trainable = flags&1 != 0
 	c.FinishReason = string(d.bytes("finish reason"))
 	c.UntrainableReason = string(d.bytes("untrainable reason"))
 	c.API = string(d.bytes("api"))
@@ -284,6 +312,9 @@ func decodeCall(v []byte, session string, seq int, fulls [][]int32, prevBlobs *[
 			c.Logprobs = nil
 		}
 	}
+	if flags&2 != 0 {
+		c.Sampling = d.sampling()
+	}
 	for i, what := range [3]string{"request", "upstream request", "response"} {
 		prevBlobs[i] = d.blob(prevBlobs[i], what)
 	}
@@ -310,7 +341,7 @@ func callSizes(v []byte) (promptLen, blobBytes int, err error) {
 	d.varint("index")
 	d.varint("choice")
 	d.varint("policy version")
-	d.byte1("flags")
+	flags := d.byte1("flags")
 	d.bytes("finish reason")
 	d.bytes("untrainable reason")
 	d.bytes("api")
@@ -322,6 +353,9 @@ func callSizes(v []byte) (promptLen, blobBytes int, err error) {
 	tail := d.skipTokens("prompt tail")
 	d.skipTokens("response")
 	d.b = d.b[min(len(d.b), 4*d.length("logprobs", 4)):]
+	if flags&2 != 0 {
+		d.sampling()
+	}
 	if d.err != nil {
 		return 0, 0, d.err
 	}
@@ -335,4 +369,43 @@ func (d *decoder) skipTokens(what string) int {
 		d.varint(what)
 	}
 	return n
+}
+
+// float64 reads one little-endian float64.
+func (d *decoder) float64(what string) float64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.fail(what)
+		return 0
+	}
+	v := math.Float64frombits(binary.LittleEndian.Uint64(d.b))
+	d.b = d.b[8:]
+	return v
+}
+
+// sampling reads the sampling parameters written after the logprobs (flag bit 1).
+func (d *decoder) sampling() *trace.Sampling {
+	set := d.byte1("sampling")
+	if d.err == nil && set&^7 != 0 {
+		d.fail("sampling fields")
+	}
+	s := &trace.Sampling{}
+	if set&1 != 0 {
+		t := d.float64("sampling temperature")
+		s.Temperature = &t
+	}
+	if set&2 != 0 {
+		p := d.float64("sampling top_p")
+		s.TopP = &p
+	}
+	if set&4 != 0 {
+		k := int(d.varint("sampling top_k"))
+		s.TopK = &k
+	}
+	if d.err != nil {
+		return nil
+	}
+	return s
 }

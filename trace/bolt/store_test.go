@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -54,6 +55,11 @@ func reopen(t testing.TB, s *Store, dir string) *Store {
 // equalCall compares every recorded field: token slices by content (an empty slice reads
 // back as nil), log-probabilities bit for bit, JSON bytes with their nil-ness, times as
 // instants.
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
 func equalCall(a, b *trace.Call) error {
 	switch {
 	case a.SessionID != b.SessionID || a.Index != b.Index || a.Choice != b.Choice:
@@ -70,6 +76,8 @@ func equalCall(a, b *trace.Call) error {
 		return fmt.Errorf("trainable %v %q vs %v %q", a.Trainable, a.UntrainableReason, b.Trainable, b.UntrainableReason)
 	case !a.Started.Equal(b.Started) || !a.Finished.Equal(b.Finished) || a.UpstreamLatency != b.UpstreamLatency:
 		return fmt.Errorf("times differ")
+	case !reflect.DeepEqual(a.Sampling, b.Sampling):
+		return fmt.Errorf("sampling %s vs %s", jsonOf(a.Sampling), jsonOf(b.Sampling))
 	}
 	for i := range a.Logprobs {
 		if math.Float32bits(a.Logprobs[i]) != math.Float32bits(b.Logprobs[i]) {
@@ -202,6 +210,11 @@ func scenarios() map[string][]trace.Call {
 			c.Request = json.RawMessage(`{"model":"claude","messages":[` + strings.Join(msgs, ",") + `],` + tools + `}`)
 			c.UpstreamRequest = json.RawMessage(`{"model":"qwen","logprobs":true,"messages":[` + strings.Join(msgs, ",") + `]}`)
 			c.Response = json.RawMessage(fmt.Sprintf(`{"role":"assistant","content":"step %d"}`, i))
+			// sampling: all three fields, temperature alone, none (a record from before
+			// floe kept it decodes as nil), and an explicit zero temperature and top_k
+			temp, topP, topK, zero, none := 0.7, 0.95, 20, 0.0, 0
+			c.Sampling = []*trace.Sampling{{Temperature: &temp, TopP: &topP, TopK: &topK}, {Temperature: &temp}, nil,
+				{Temperature: &zero, TopK: &none}}[i]
 			if i == 2 {
 				c.Response = nil
 				c.Request = json.RawMessage{}

@@ -28,6 +28,7 @@ HAND: dict[str, Sequence[float]] = {
     "old_logprobs": [0, 0, 0, 0, -0.5, 0, -1.25, -0.125, 0, 0],
     "advantages":   [0, 0, 0, 0, 1.0, 0, -1.0, -1.0, 0, 0],
     "sample_idx":   [-1, -1, -1, -1, 0, -1, 1, 1, -1, -1],
+    "temperature":  [1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
 }
 HAND_PADDING = (8, 9)
 
@@ -45,7 +46,9 @@ HAND_META = MicroBatchMeta(
 
 def make_batch(columns: Mapping[str, Sequence[float | None] | np.ndarray],
                metadata: dict[bytes, bytes] | None = None) -> pa.RecordBatch:
-    arrays = [pa.array(columns[f.name], type=f.type) for f in MICRO_BATCH_SCHEMA]
+    n = len(columns["input_ids"])
+    # temperature: 1 (T = 1) on every row unless a test gives it
+    arrays = [pa.array(columns[f.name] if f.name in columns else [1.0] * n, type=f.type) for f in MICRO_BATCH_SCHEMA]
     schema = MICRO_BATCH_SCHEMA.with_metadata(metadata) if metadata else MICRO_BATCH_SCHEMA
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 

@@ -13,7 +13,7 @@ from conftest import HAND, HAND_META, make_batch
 DTYPES = {
     "input_ids": np.int32, "position_ids": np.int32, "subtree_end": np.int32,
     "pred_idx": np.int32, "loss_mask": np.uint8, "old_logprobs": np.float32,
-    "advantages": np.float32, "sample_idx": np.int32,
+    "advantages": np.float32, "sample_idx": np.int32, "temperature": np.float32,
 }
 
 

@@ -443,3 +443,231 @@ def test_train_grpo_example(floe_server: Callable[..., FloeServer]) -> None:
         status = client.status()
     assert status["committed"] == 2, status
     assert time.monotonic() - t0 < 240
+
+
+# --- sampling temperature: the rollout's processed log-probs, end to end ----------------------
+
+
+def _post_json(url: str, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("sampling", ["record", "force"])
+def test_temperature_equivalence_through_refserver(
+    sampling: str, floe_bin: Path, tmp_path: Path
+) -> None:
+    """Issue 13 item 5. Calls sampled by floe_refserver at T = 0.7 (and 1.0, and with
+    top_p 0.9) through `floe serve --sampling record`: the bridge scores each loss row with
+    log_softmax(logits / T) of the server's own model, and equals both the rollout
+    log-probs (the server's processed log-probs) and each call scored alone at its
+    temperature, within 1e-5; the top_p call is flagged in the sample table. Under
+    `--sampling force` every call is sampled and scored at T = 1."""
+    import floe_stack
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
+
+    temps = {"a": 0.7, "b": 1.0, "c": 0.7}
+    with floe_stack.Stack(tmp_path / "logs", grace=20) as procs:
+        _, hello = procs.start_server(
+            "refserver", floe_stack.refserver_argv("--port", "0", "--cache-dir", str(tmp_path / "tok"))
+        )
+        upstream = hello["base_url"].removesuffix("/v1")
+        _, addrs = procs.start_server("floe", [
+            str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+            "-data-dir", str(tmp_path / "data"), "-upstream", upstream, "-group-size", "3",
+            "-groups-per-step", "1", "-token-budget", "2048", "-pad-multiple", "16", "-sampling", sampling,
+        ], 60)
+        control = addrs.get("control") or addrs["proxy"]
+        for i, (name, temp) in enumerate(temps.items()):
+            sess = _post_json(f"{control}/floe/v1/sessions", {"task_id": "t", "group_id": "g", "group_size": 3})
+            body: dict[str, Any] = {
+                "model": "m", "max_tokens": 12, "temperature": temp, "seed": 5 + i,
+                "messages": [{"role": "user", "content": f"write a haiku about tree masks, {name}"}],
+            }
+            if name == "c":
+                body["top_p"] = 0.9
+            _post_json(sess["base_urls"]["openai"].rstrip("/") + "/chat/completions", body, sess["api_key"])
+            _post_json(f"{control}/floe/v1/sessions/{sess['session_id']}/finish",
+                       {"reward": float(i), "status": "completed"})
+        with FloeClient(addrs["flight"], rank=0, world_size=1) as client:
+            step = client.read_step(0, timeout=60)
+            samples = step.samples().to_pydict()
+            mbs = step.micro_batches
+
+    model = build_model(len(load_tokenizer()), seed=0, max_model_len=4096).eval()
+    n_t07 = 0
+    for mb in mbs:
+        tb = to_tensors(mb)
+        rows = tb.loss_rows()
+        with torch.no_grad():
+            got = score_logprobs(model, tb, attn="sdpa")
+        want_t = tb.temperature[rows]
+        if sampling == "force":
+            assert bool((want_t == 1).all())
+        n_t07 += int((want_t - 0.7).abs().lt(1e-6).sum())
+        # the rollout's processed log-probs (refserver = vLLM --logprobs-mode processed_logprobs)
+        rollout = tb.old_logprobs[rows]
+        top_p = torch.tensor([samples["num_truncated_calls"][int(s)] > 0 for s in tb.sample_idx[rows]])
+        err = float((got - rollout)[~top_p].abs().max())
+        print(f"\n--sampling {sampling}: max |bridge - rollout| over {int((~top_p).sum())} tokens = {err:.3g}")
+        assert err < LOGP_ATOL
+        if sampling == "record":  # negative control: scored at T = 1, as before 13.5
+            import dataclasses
+
+            with torch.no_grad():
+                at1 = score_logprobs(model, dataclasses.replace(tb, temperature=None), attn="sdpa")
+            t07 = (want_t - 0.7).abs().lt(1e-6) & ~top_p
+            off = float((at1 - rollout)[t07].abs().max())
+            print(f"scored at T = 1 (before 13.5): off by up to {off:.3g} nats on the T = 0.7 rows")
+            assert off > 1e-2
+        # and each loss row alone, as a plain causal sequence at its temperature
+        ids, pred = tb.input_ids.tolist(), tb.pred_idx.tolist()
+        for j, r in enumerate(rows.tolist()):
+            seq, v = [], r
+            while v >= 0:
+                seq.append(ids[v])
+                v = pred[v]
+            seq.reverse()
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([seq[:-1]])).logits[0, -1].double()
+            ref = float(torch.log_softmax(logits / float(want_t[j]), -1)[seq[-1]])
+            assert abs(float(got[j]) - ref) < LOGP_ATOL
+    if sampling == "record":
+        assert n_t07 > 0, "no loss row sampled at T = 0.7"
+        assert sorted(samples["num_truncated_calls"]) == [0, 0, 1]
+    else:
+        assert n_t07 == 0 and sorted(samples["num_truncated_calls"]) == [0, 0, 0]
+
+
+# --- the hand-built adversarial groups, dp = 3, budgets that force cuts ------------------------
+
+
+def _adversarial_dump(tmp: Path) -> Path:
+    root = Path(__file__).resolve().parents[2]
+    out = tmp / "adversarial"
+    out.mkdir()
+    env = {**__import__("os").environ, "FLOE_DUMP_ADVERSARIAL": str(out)}
+    subprocess.run(["go", "test", "-count=1", "-run", "TestDumpAdversarialSteps", "./batcher/"], cwd=root, env=env,
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
+def _grpo_advantages(rewards: list[float]) -> list[float]:
+    """(r - mean) / (unbiased std + 1e-6), a group of one gets 0 (docs/batcher.md)."""
+    n = len(rewards)
+    if n < 2:
+        return [0.0] * n
+    mean = sum(rewards) / n
+    std = (sum((r - mean) ** 2 for r in rewards) / (n - 1)) ** 0.5
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+@pytest.mark.parametrize("strategy", ["tree", "prefix_merging", "per_request"])
+def test_adversarial_groups_dp3(strategy: str, tmp_path: Path) -> None:
+    """Issue 13 item 6: identical samples, n > 1, retries, prompts ending inside responses,
+    single tokens, untrainable calls, a deep chain with drift, some calls sampled at T = 0.7
+    (batcher/adversarial_test.go's shapes), packed by floe at dp = 3 under a budget equal to
+    the longest path. Every rank's micro-batches through the tiny model with world_size = 3
+    and the rank gradients averaged as DDP does, against each trainable call scored alone:
+    log-probs within 1e-5, loss and every parameter gradient within 1e-4."""
+    import os
+
+    import pyarrow as pa
+
+    dump = _adversarial_dump(tmp_path)
+    groups = json.loads((dump / "groups.json").read_text())
+    meta = json.loads((dump / strategy / "meta.json").read_text())
+    world = int(meta["ranks"])
+    denom = int(meta["loss_tokens_global"])
+    vocab = 1 + max(max([*(c["prompt_ids"] or []), *(c["response_ids"] or []), 0]) for g in groups
+                    for s in g["sessions"] for c in s["calls"] or [])
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   initializer_range=INIT_RANGE, tie_word_embeddings=True)
+    model = transformers.Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).eval()
+    params = [p for p in model.parameters()]
+
+    # reference: each trainable call alone, at its temperature; loss terms keyed by context
+    ref_terms: dict[tuple[tuple[int, ...], int, float], list[float]] = defaultdict(list)
+    # The recorded log-probs are tags (distinct per call, down to -95), not a model's: the
+    # loss takes old = the reference log-prob + 0.15·sin(1000·tag), so ratios sit around 1
+    # (some clipped, most not) and every term has a gradient; both sides use the same.
+    old_of: dict[tuple[tuple[int, ...], int, float], float] = {}
+    ref_loss = torch.zeros((), dtype=torch.float64)
+    n_terms = 0
+    for g in groups:
+        advs = _grpo_advantages([s["reward"] for s in g["sessions"]])
+        for s, adv in zip(g["sessions"], advs, strict=True):
+            for c in s["calls"] or []:
+                if not c["trainable"]:
+                    continue
+                p, r = c["prompt_ids"], c["response_ids"]
+                temp = ((c.get("sampling") or {}).get("temperature")) or 1.0
+                logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : len(p) + len(r) - 1]
+                logp = torch.log_softmax(logits.float() / temp, -1).gather(1, torch.tensor(r)[:, None])[:, 0]
+                tags = torch.tensor(c["logprobs"], dtype=torch.float32)
+                old = logp.detach() + 0.15 * torch.sin(1000 * tags)
+                a = torch.full((len(r),), float(adv), dtype=torch.float32)
+                loss, _ = grpo_loss(logp, old, a, denom)
+                ref_loss = ref_loss + loss.double()
+                n_terms += len(r)
+                for k in range(len(r)):
+                    key = (tuple(p + r[:k]), r[k], round(float(tags[k]), 7))
+                    ref_terms[key].append(float(logp[k].detach()))
+                    old_of[key] = float(old[k])
+    assert n_terms == denom
+    ref_loss.backward()  # type: ignore[no-untyped-call]
+    ref_grads = [p.grad.detach().clone() for p in params]  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+
+    # floe: every rank's micro-batches, world_size = 3, gradients averaged over the ranks
+    rank_grads = []
+    total_loss = 0.0
+    worst = 0.0
+    for rank in range(world):
+        with pa.ipc.open_stream(os.fspath(dump / strategy / f"rank{rank}.arrows")) as rd:
+            batches = list(rd)
+        assert len(batches) == int(meta["micro_batches"])
+        model.zero_grad(set_to_none=True)
+        for b in batches:
+            mb = MicroBatch.from_record_batch(b)
+            tb = to_tensors(mb)
+            rows = tb.loss_rows()
+            if rows.numel() == 0:
+                continue
+            logp = score_logprobs(model, tb, attn="sdpa")
+            ids, pred = tb.input_ids.tolist(), tb.pred_idx.tolist()
+            olds = []
+            for j, q in enumerate(rows.tolist()):
+                ctx, v = [], pred[q]
+                while v >= 0:
+                    ctx.append(ids[v])
+                    v = pred[v]
+                key = (tuple(reversed(ctx)), ids[q], round(float(tb.old_logprobs[q]), 7))
+                assert key in ref_terms, f"a loss row no call sampled: {key}"
+                worst = max(worst, min(abs(float(logp[j].detach()) - x) for x in ref_terms[key]))
+                olds.append(old_of[key])
+            loss, _ = grpo_loss(logp, torch.tensor(olds), tb.advantages[rows], denom, world_size=world)
+            loss.backward()  # type: ignore[no-untyped-call]
+            total_loss += float(loss.detach())
+        rank_grads.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
+    print(f"\n{strategy} dp={world}: logprob max err {worst:.3g}")
+    assert worst < LOGP_ATOL
+    loss_avg = total_loss / world
+    assert loss_avg == pytest.approx(float(ref_loss.detach()), rel=LOSS_RTOL, abs=1e-7)
+    max_rel = 0.0
+    for i, p in enumerate(params):
+        got = sum(g[i] for g in rank_grads) / world
+        want = ref_grads[i]
+        scale = float(want.abs().max()) + 1e-12
+        max_rel = max(max_rel, float((got - want).abs().max()) / scale)
+    print(f"{strategy} dp={world}: loss {loss_avg:.6g} vs {float(ref_loss.detach()):.6g}; grad max rel err {max_rel:.3g}")
+    assert max_rel < GRAD_RTOL

@@ -22,6 +22,7 @@ def test_micro_batch_schema_columns_in_order() -> None:
         ("old_logprobs", pa.float32()),
         ("advantages", pa.float32()),
         ("sample_idx", pa.int32()),
+        ("temperature", pa.float32()),
     ]
 
 
@@ -36,7 +37,18 @@ def test_sample_schema_columns_in_order() -> None:
         ("policy_version", pa.int64()),
         ("num_calls", pa.int32()),
         ("num_loss_tokens", pa.int64()),
+        ("num_truncated_calls", pa.int32()),
     ]
+
+
+def test_temperature_is_optional_and_defaults_to_one() -> None:
+    """A floe from before 13.5 sends no temperature column: every row reads T = 1."""
+    from floe_bridge import MicroBatch
+
+    fields = [f for f in MICRO_BATCH_SCHEMA if f.name != "temperature"]
+    arrays = [pa.array([0, 0], type=f.type) for f in fields]
+    mb = MicroBatch.from_record_batch(pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)))
+    assert mb.temperature.tolist() == [1.0, 1.0] and not mb.temperature.flags.writeable
 
 
 def test_metadata_key_and_fields() -> None:

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from floe_bridge import MicroBatch  # noqa: E402
 from floe_bridge.torch_ops import (  # noqa: E402
+    LOG_RATIO_MAX,
     TreeBatch,
     cu_seqlens,
     dense_mask,
@@ -256,16 +257,26 @@ def test_gather_logprobs_rejects_root_loss_row() -> None:
 
 def _hand_loss(logp: list[float], old: list[float], adv: list[float], denom: int, lo: float, hi: float,
                cap: float | None, world: int) -> tuple[float, list[float]]:
-    """Loss value and d loss / d logp, by hand (python floats)."""
+    """Loss value and d loss / d logp, by hand (python floats).
+
+    Without a cap: clipped PPO against the rollout, d/dlogp of -min(r·A, clip(r)·A).
+    With a cap: the decoupled estimator with the proximal policy = the current weights (one
+    optimizer step per batch): the objective is E_rollout[min(π/μ, C) · A · log π] up to a
+    constant, so the value is -Σ min(π/μ, C)·A and the gradient -min(π/μ, C)·A per token.
+    """
     total, grads = 0.0, []
     for lp, o, a in zip(logp, old, adv, strict=True):
         r = math.exp(lp - o)
+        if cap is not None:
+            w = min(r, cap)
+            total += -w * a
+            grads.append(-w * a * world / denom)
+            continue
         c = min(max(r, 1 - lo), 1 + hi)
-        w = 1.0 if cap is None else min(r, cap)
         unclipped, clipped = -r * a, -c * a
-        total += max(unclipped, clipped) * w
+        total += max(unclipped, clipped)
         # gradient through the unclipped branch only (ties go to the unclipped one)
-        g = -r * a * w if unclipped >= clipped else 0.0
+        g = -r * a if unclipped >= clipped else 0.0
         grads.append(g * world / denom)
     return total * world / denom, grads
 
@@ -290,8 +301,11 @@ def test_grpo_loss_by_hand(cap: float | None, world: int) -> None:
     np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-5, atol=1e-7)
     # 1.25 with A>0 is inside [0.8, 1.28]: unclipped (a symmetric 0.2 clip would cut it);
     # cut: 0.5 with A<0 and 1.5 with A>0 -> 2 of 8 (the others pick the unclipped term)
-    assert float(m["clip_fraction"]) == pytest.approx(2 / 8)
-    assert want_grad[4] != 0.0 and want_grad[1] == 0.0 and want_grad[6] == 0.0
+    if cap is None:
+        assert float(m["clip_fraction"]) == pytest.approx(2 / 8)
+        assert want_grad[4] != 0.0 and want_grad[1] == 0.0 and want_grad[6] == 0.0
+    else:
+        assert float(m["clip_fraction"]) == 0.0  # the ratio to the proximal policy is 1
     assert float(m["mismatch"]) == pytest.approx(sum(abs(math.log(r)) for r in ratios) / 8, rel=1e-5)
     assert float(m["ratio_mean"]) == pytest.approx(sum(ratios) / 8, rel=1e-5)
     assert int(m["loss_tokens"]) == 8
@@ -319,3 +333,124 @@ def test_chain_batch_round_trip_through_arrow() -> None:
     mb.validate()
     tb = to_tensors(mb)
     assert cu_seqlens(tb.subtree_end, tb.position_ids) is not None
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_tis_weights_the_ratio_once(sign: float) -> None:
+    """Issue 13 item 1: with rho = pi/mu = [0.5, 3, 10] and C = 2 the weight on A·grad logp
+    is min(rho, C) = [0.5, 2, 2] (the old code gave rho·min(rho, C) = [0.25, 6, 20])."""
+    rho = [0.5, 3.0, 10.0]
+    old = [-1.0, -2.0, -3.0]
+    adv = [sign] * 3
+    logp = torch.tensor([o + math.log(r) for o, r in zip(old, rho, strict=True)], dtype=torch.float64,
+                        requires_grad=True)
+    loss, m = grpo_loss(logp, torch.tensor(old), torch.tensor(adv), 3, tis_cap=2.0)
+    loss.backward()
+    assert logp.grad is not None
+    weights = (-logp.grad * 3 / sign).tolist()
+    np.testing.assert_allclose(weights, [0.5, 2.0, 2.0], rtol=1e-12)
+    assert float(m["tis_weight_mean"]) == pytest.approx(4.5 / 3)
+
+
+def test_tis_with_explicit_proximal_logprobs() -> None:
+    """Decoupled PPO (verl/AReaL) spelled out per token: r = pi/pi_prox clipped to
+    [1-lo, 1+hi], constant weight w = min(pi_prox/mu, C); loss = -w·min(r·A, clip(r)·A)."""
+    g = torch.Generator().manual_seed(11)
+    n = 40
+    old = -torch.rand(n, generator=g, dtype=torch.float64) * 3
+    prox = old + torch.randn(n, generator=g, dtype=torch.float64)
+    logp_v = prox + 0.4 * torch.randn(n, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    logp = logp_v.clone().requires_grad_()
+    loss, _ = grpo_loss(logp, old, adv, 50, clip_low=0.2, clip_high=0.28, tis_cap=1.5,
+                        prox_logprobs=prox, world_size=2)
+    loss.backward()
+    assert logp.grad is not None
+    want_total, want_grad = 0.0, []
+    for lp, p, o, a in zip(logp_v.tolist(), prox.tolist(), old.tolist(), adv.tolist(), strict=True):
+        r = math.exp(lp - p)
+        w = min(math.exp(p - o), 1.5)
+        surr = min(r * a, min(max(r, 0.8), 1.28) * a)
+        want_total += -w * surr
+        cut = (a > 0 and r > 1.28) or (a < 0 and r < 0.8)
+        want_grad.append(0.0 if cut else -w * r * a * 2 / 50)
+    assert float(loss.detach()) == pytest.approx(want_total * 2 / 50, rel=1e-12)
+    np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_poisoned_old_logprob_keeps_the_loss_finite(dtype: torch.dtype, cap: float | None) -> None:
+    """Issue 13 item 4: vLLM's -9999 sentinel as a rollout log-prob gave an infinite ratio and
+    a NaN/inf loss or gradient; the log-ratio is clamped to ±LOG_RATIO_MAX before exp."""
+    old = torch.tensor([-9999.0, -1.0, -0.5], dtype=dtype)
+    logp = torch.tensor([-2.0, -1.1, -0.4], dtype=dtype, requires_grad=True)
+    for sign in (1.0, -1.0):
+        logp.grad = None
+        loss, m = grpo_loss(logp, old, torch.tensor([sign, -1.0, 1.0], dtype=dtype), 3, tis_cap=cap)
+        loss.backward()
+        assert logp.grad is not None
+        assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logp.grad).all())
+        assert all(bool(torch.isfinite(v)) for v in m.values())
+        # the clamped ratio is e^20 at most: the poisoned token's loss is bounded by it
+        assert abs(float(loss.detach())) <= math.exp(LOG_RATIO_MAX) * 4
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("window", [1, 3, 8, 40])
+def test_sliding_window_tree_masks(seed: int, window: int, make_random_tree: Callable[..., RandomTree]) -> None:
+    """Issue 13 item 2: a row sees itself and the ancestors within ``window`` positions of
+    depth, from the generator's own ancestor lists; dense mask, mask_mod and BlockMask
+    (ours and create_block_mask's) all give exactly that, and flex_attention = sdpa."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    rng = np.random.default_rng(300 + seed)
+    tree = make_random_tree(rng, int(rng.integers(60, 200)), int(rng.integers(0, 20)))
+    end = torch.from_numpy(tree.columns["subtree_end"].astype(np.int64))
+    pos = torch.from_numpy(tree.columns["position_ids"].astype(np.int64))
+    n = int(end.shape[0])
+    want = np.zeros((n, n), bool)
+    for q, anc in enumerate(tree.ancestors):
+        for k in anc + [q]:
+            want[q, k] = len(anc) - len(tree.ancestors[k]) < window
+    np.testing.assert_array_equal(dense_mask(end, pos, window).numpy(), want)
+    mod = tree_mask_mod(end, pos, window)
+    got = mod(torch.tensor(0), torch.tensor(0), torch.arange(n)[:, None], torch.arange(n)[None, :])
+    np.testing.assert_array_equal(got.numpy(), want)
+    for bs in (16, 32):
+        ours = flex_block_mask(end, bs, position_ids=pos, window=window)
+        ref = flex_block_mask(end, bs, build="create_block_mask", position_ids=pos, window=window)
+        np.testing.assert_array_equal(_expand_block_mask(ours, n, end), want)
+        np.testing.assert_array_equal(_expand_block_mask(ref, n, end), want)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, n, 16, generator=g)
+    k = torch.randn(1, 2, n, 16, generator=g)
+    v = torch.randn(1, 2, n, 16, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_attention(q, k, v, block_mask=flex_block_mask(end, 32, position_ids=pos, window=window),
+                             enable_gqa=True)
+    ref_out = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=torch.from_numpy(want)[None, None]
+    )
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+
+
+def test_gather_logprobs_at_each_rows_temperature() -> None:
+    """Issue 13 item 5: a loss row of a call sampled at T is scored log_softmax(logits / T)
+    (vLLM's processed log-probs), computed here in float64 numpy from the definition."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 11, generator=g) * 3
+    ids = torch.tensor([0, 4, 2, 9, 1, 7])
+    pred = torch.tensor([-1, 0, 1, 2, 3, 4])
+    mask = torch.tensor([0, 1, 1, 1, 0, 1])
+    temp = torch.tensor([1.0, 0.7, 1.0, 1.3, 1.0, 0.7])
+    got = gather_logprobs(logits, ids, pred, mask, temperature=temp).numpy()
+    want = []
+    for t in (1, 2, 3, 5):
+        z = logits[int(pred[t])].double().numpy() / float(temp[t])
+        z = z - z.max()
+        want.append(z[int(ids[t])] - math.log(np.exp(z).sum()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    plain = gather_logprobs(logits, ids, pred, mask).numpy()
+    assert abs(got[0] - plain[0]) > 1e-2  # the temperature changes the scores

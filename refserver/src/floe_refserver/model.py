@@ -57,8 +57,10 @@ def _cache_kwarg(model: Qwen2ForCausalLM) -> str:
 
 @dataclass
 class TokenLogprob:
-    """One emitted token: its id, its log-probability under the model's raw distribution
-    (log_softmax of the logits, before temperature/top-p), and the top-k alternatives."""
+    """One emitted token: its id, its log-probability under the distribution it was sampled
+    from (vLLM's ``--logprobs-mode processed_logprobs``: ``log_softmax(logits / T)``, then
+    renormalised over what top-k/top-p keep; the raw distribution for greedy decoding), and
+    the top-k alternatives under the same distribution."""
 
     token_id: int
     logprob: float
@@ -82,16 +84,22 @@ class Engine:
         self._cache_kw = _cache_kwarg(model)
 
     @torch.no_grad()
-    def score(self, prompt_ids: list[int], output_ids: list[int], top_k: int = 0) -> list[TokenLogprob]:
+    def score(
+        self, prompt_ids: list[int], output_ids: list[int], top_k: int = 0, temperature: float = 1.0
+    ) -> list[TokenLogprob]:
         """Teacher forcing: one forward pass over prompt + output; the log-prob of each output
-        token given everything before it."""
+        token given everything before it, at ``temperature`` (``log_softmax(logits / T)``;
+        greedy, T <= 1e-5, scores the raw distribution)."""
         if not output_ids:
             return []
         ids = torch.tensor([prompt_ids + output_ids], dtype=torch.long)
         with self.lock:
             logits = self.model(input_ids=ids).logits[0]
         p = len(prompt_ids)
-        logp = torch.log_softmax(logits[p - 1 : p - 1 + len(output_ids)].float(), dim=-1)
+        rows = logits[p - 1 : p - 1 + len(output_ids)].float()
+        if temperature > 1e-5:
+            rows = rows / temperature
+        logp = torch.log_softmax(rows, dim=-1)
         tgt = torch.tensor(output_ids, dtype=torch.long)
         lp = logp.gather(1, tgt[:, None])[:, 0].tolist()
         return [
@@ -121,7 +129,7 @@ class Engine:
                 out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: past})
             past = out["cache"] if "cache" in out else out["past_key_values"]
             logits = out.logits[0, -1].float()
-            logp = torch.log_softmax(logits, dim=-1)
+            logp = torch.log_softmax(logits, dim=-1)  # greedy: the raw distribution
             if temperature <= 1e-5:
                 tok = int(torch.argmax(logits))
             else:
@@ -136,6 +144,8 @@ class Engine:
                     drop = cum - sp > top_p  # keep the smallest prefix reaching top_p
                     sp = sp.masked_fill(drop, 0.0)
                     probs = torch.zeros_like(probs).scatter_(0, si, sp)
+                # processed log-probs: the distribution the token is drawn from
+                logp = torch.log(probs / probs.sum()).clamp(min=-9999.0)
                 with self.lock:  # the shared generator's draws stay in one order
                     tok = int(torch.multinomial(probs, 1, generator=gen))
             yield TokenLogprob(tok, float(logp[tok]), _top(logp, logprob_k))

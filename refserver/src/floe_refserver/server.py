@@ -316,7 +316,7 @@ class RefServer:
             ids = self.encode(text)
             if len(ids) > req.max_tokens:
                 ids, finish = ids[: req.max_tokens], "length"
-            scored = self.engine.score(req.prompt_ids, ids, k)
+            scored = self.engine.score(req.prompt_ids, ids, k, req.temperature)
             log.info("scripted output: %d tokens, finish %s", len(ids), finish)
             return Generation(iter(scored), finish_reason=finish)
         return self._sample(req, k)

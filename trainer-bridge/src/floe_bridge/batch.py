@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from .schema import METADATA_FIELDS, METADATA_KEY, MICRO_BATCH_SCHEMA, check_schema
+from .schema import METADATA_FIELDS, METADATA_KEY, MICRO_BATCH_SCHEMA, OPTIONAL_COLUMNS, check_schema
 
 __all__ = [
     "MicroBatch",
@@ -109,6 +109,12 @@ def _column_view(batch: pa.RecordBatch, name: str) -> npt.NDArray[Any]:
     return view
 
 
+def _constant(n: int, value: float, dtype: Any) -> npt.NDArray[Any]:
+    out = np.full(n, value, dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class MicroBatch:
     """One micro-batch as read-only numpy arrays that share memory with the Arrow buffers.
@@ -124,6 +130,9 @@ class MicroBatch:
     old_logprobs: npt.NDArray[np.float32]
     advantages: npt.NDArray[np.float32]
     sample_idx: npt.NDArray[np.int32]
+    #: sampling temperature of each loss row's call (1 elsewhere, and from a floe that
+    #: does not send it): score with ``log_softmax(logits / temperature)``
+    temperature: npt.NDArray[np.float32]
     meta: MicroBatchMeta | None
     record_batch: pa.RecordBatch
 
@@ -143,7 +152,12 @@ class MicroBatch:
         meta = MicroBatchMeta.from_metadata(metadata)
         if meta is None:
             meta = MicroBatchMeta.from_metadata(batch.schema.metadata)
-        cols = {f.name: _column_view(batch, f.name) for f in MICRO_BATCH_SCHEMA}
+        cols = {
+            f.name: _column_view(batch, f.name)
+            if f.name in batch.schema.names
+            else _constant(batch.num_rows, OPTIONAL_COLUMNS[f.name], f.type.to_pandas_dtype())
+            for f in MICRO_BATCH_SCHEMA
+        }
         return cls(meta=meta, record_batch=batch, **cols)
 
     @property

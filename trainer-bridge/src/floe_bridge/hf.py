@@ -13,8 +13,17 @@ How transformers (checked on 5.x, ``masking_utils.py``) takes a precomputed mask
 AS-IS ("already prepared, or custom"): no causal mask, no padding mask and no
 packed-sequence detection is applied on top. Sliding-window layers
 (``create_sliding_window_causal_mask``) take the same early exit, so the window is NOT
-applied to a custom mask: :func:`score` refuses a model whose sliding-window layers would
-matter. What each attention implementation then does with the mask:
+applied to a custom mask: floe applies it in the tree mask itself (a row sees an ancestor
+only when their depths differ by less than ``sliding_window``, exactly what the call saw
+alone). A model whose every attention layer slides (Mistral, Mixtral, Starcoder2, Phi3:
+``sliding_window`` without ``layer_types``) gets the windowed mask; a model mixing full
+and sliding layers (``layer_types``) gets the dict ``{"full_attention": ...,
+"sliding_attention": ...}`` that its forward takes as ``causal_mask_mapping``.
+
+Token-mixing layers (short convolutions, SSMs, linear attention: LFM2, Mamba, Jamba,
+Qwen3-Next, ...) mix every earlier row of the packed sequence regardless of the mask, so
+:func:`score` refuses them on any micro-batch holding more than one sequence, naming the
+model and the layer type. What each attention implementation then does with the mask:
 
 - ``sdpa`` (``integrations/sdpa_attention.py``): passed to
   ``F.scaled_dot_product_attention(attn_mask=...)`` with ``is_causal=False`` (it is only
@@ -52,7 +61,7 @@ from torch import Tensor
 
 from .torch_ops import TreeBatch, cu_seqlens, dense_mask, flex_block_mask, token_logprobs
 
-__all__ = ["AttnKind", "attn_kind", "tree_attention_mask", "score", "score_logprobs"]
+__all__ = ["AttnKind", "attn_kind", "sliding_window", "tree_attention_mask", "score", "score_logprobs"]
 
 AttnKind = Literal["sdpa", "eager", "flex", "flash", "auto"]
 
@@ -96,17 +105,87 @@ def attn_kind(model: Any, attn: AttnKind = "auto") -> str:
     return kind
 
 
-def _check_sliding_window(model: Any, batch: TreeBatch) -> None:
+#: layer types the tree mask handles; any other entry of ``config.layer_types`` is refused
+#: on a packed micro-batch (``conv``, ``linear_attention``, ``mamba``, ``chunked_attention``, ...)
+_ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention"})
+#: models whose token mixers are not (only) attention, whatever their configs list: the
+#: layer type reported for each
+_TOKEN_MIXING_MODEL_TYPES: dict[str, str] = {
+    "mamba": "mamba",
+    "mamba2": "mamba2",
+    "falcon_mamba": "mamba",
+    "rwkv": "rwkv",
+    "xlstm": "xlstm",
+    "recurrent_gemma": "recurrent",
+    "jamba": "mamba",
+    "bamba": "mamba2",
+    "zamba": "mamba",
+    "zamba2": "mamba2",
+    "falcon_h1": "mamba2",
+    "granitemoehybrid": "mamba2",
+    "nemotron_h": "mamba2",
+    "lfm2": "conv",
+    "lfm2_moe": "conv",
+    "qwen3_next": "linear_attention",
+    "minimax": "linear_attention",
+}
+
+
+def _text_config(model: Any) -> Any:
     cfg = model.config
-    types = getattr(cfg, "layer_types", None) or []
+    get = getattr(cfg, "get_text_config", None)
+    return get() if callable(get) else cfg
+
+
+def _model_name(model: Any) -> str:
+    cfg = _text_config(model)
+    name = getattr(model.config, "_name_or_path", "") or ""
+    kind = getattr(cfg, "model_type", None) or type(model).__name__
+    return f"{type(model).__name__} (model_type {kind!r}{', ' + name if name else ''})"
+
+
+def _token_mixing_layer(model: Any) -> str | None:
+    """The first layer type of ``model`` that is not attention the tree mask can express."""
+    cfg = _text_config(model)
+    for attr in ("layer_types", "layers_block_type"):
+        for t in getattr(cfg, attr, None) or []:
+            if t not in _ATTENTION_LAYER_TYPES:
+                return str(t)
+    return _TOKEN_MIXING_MODEL_TYPES.get(str(getattr(cfg, "model_type", "")))
+
+
+def _is_packed(batch: TreeBatch) -> bool:
+    """True unless the micro-batch is one chain followed by one-row padding."""
+    bounds = cu_seqlens(batch.subtree_end, batch.position_ids)
+    if bounds is None:
+        return True
+    lengths = bounds[1:] - bounds[:-1]
+    return bool((lengths[1:] > 1).any())
+
+
+def _check_token_mixing(model: Any, batch: TreeBatch) -> None:
+    layer = _token_mixing_layer(model)
+    if layer is not None and _is_packed(batch):
+        raise ValueError(
+            f"floe_bridge.hf: {_model_name(model)} has token-mixing layers ({layer!r}) that mix rows the "
+            "tree mask hides; it cannot score a packed micro-batch exactly. Use a model whose layers are "
+            "all attention, or one call per micro-batch"
+        )
+
+
+def sliding_window(model: Any) -> tuple[int | None, bool]:
+    """``(window, mixed)``: the sliding window of ``model``'s sliding-attention layers (None:
+    none), and whether it also has full-attention layers (``layer_types`` with both)."""
+    cfg = _text_config(model)
     window = getattr(cfg, "sliding_window", None)
-    if "sliding_attention" in types and window is not None:
-        depth = int(batch.position_ids.max()) + 1 if batch.num_rows else 0
-        if depth > int(window):
-            raise NotImplementedError(
-                f"floe_bridge.hf: the model has sliding-window layers (window {window}) and this micro-batch "
-                f"has paths of {depth} tokens; a custom 4-D tree mask bypasses transformers' window"
-            )
+    if window is None:
+        return None, False
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if not types:
+        return int(window), False  # Mistral, Mixtral, Starcoder2, Phi3: every layer slides
+    if "sliding_attention" not in types:
+        return None, False
+    return int(window), any(t != "sliding_attention" for t in types)
 
 
 def tree_attention_mask(
@@ -114,11 +193,26 @@ def tree_attention_mask(
 ) -> Any:
     """The ``attention_mask`` argument for ``model`` on ``batch`` (see the module doc):
     bool ``[1,1,N,N]`` (sdpa), additive float ``[1,1,N,N]`` in the model's dtype (eager),
-    a ``BlockMask`` (flex), or ``None`` for flash when the batch is plain chains."""
+    a ``BlockMask`` (flex), or ``None`` for flash when the batch is plain chains (flash
+    applies a sliding window itself). With sliding-window layers the window is part of the
+    mask; when full and sliding layers are mixed, a dict keyed by layer type."""
     kind = attn_kind(model, attn)
+    window, mixed = sliding_window(model)
+    if window is not None and kind != "flash":
+        depth = int(batch.position_ids.max()) + 1 if batch.num_rows else 0
+        if depth > window:  # else no path is longer than the window: it hides nothing
+            windowed = _mask(model, batch, kind, block_size, window)
+            if not mixed:
+                return windowed
+            return {"full_attention": _mask(model, batch, kind, block_size, None), "sliding_attention": windowed}
+    return _mask(model, batch, kind, block_size, None)
+
+
+def _mask(model: Any, batch: TreeBatch, kind: str, block_size: int, window: int | None) -> Any:
     end = batch.subtree_end
+    pos = batch.position_ids if window is not None else None
     if kind == "flex":
-        return flex_block_mask(end, block_size)
+        return flex_block_mask(end, block_size, position_ids=pos, window=window)
     if kind == "flash":
         if cu_seqlens(end, batch.position_ids) is None:
             raise ValueError(
@@ -126,7 +220,7 @@ def tree_attention_mask(
                 "(cu_seqlens is None); use sdpa/eager/flex_attention, or a prefix_merging/per_request floe"
             )
         return None
-    mask = dense_mask(end)[None, None]
+    mask = dense_mask(end, pos, window)[None, None]
     if kind == "sdpa":
         return mask
     dtype = next(model.parameters()).dtype
@@ -135,7 +229,7 @@ def tree_attention_mask(
 
 
 def _forward(model: Any, batch: TreeBatch, attn: AttnKind, block_size: int, **kwargs: Any) -> Any:
-    _check_sliding_window(model, batch)
+    _check_token_mixing(model, batch)
     mask = tree_attention_mask(model, batch, attn, block_size=block_size)
     return model(
         input_ids=batch.input_ids[None],
@@ -177,7 +271,9 @@ def score_logprobs(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities (float32) of the loss rows of ``batch``, in row order: the same as
     ``gather_logprobs(score(model, batch), ...)`` but the logits are computed only for the
-    predicting rows ``pred_idx[loss rows]`` (``logits_to_keep``). With ``entropy=True``
+    predicting rows ``pred_idx[loss rows]`` (``logits_to_keep``), each at its call's
+    sampling temperature (``batch.temperature``: ``log_softmax(logits / T)``, the processed
+    log-probs the inference server returned). With ``entropy=True``
     returns ``(logp, entropy)``. Pair with ``batch.old_logprobs[batch.loss_mask]`` and
     ``batch.advantages[batch.loss_mask]`` for :func:`floe_bridge.torch_ops.grpo_loss`."""
     rows = batch.loss_rows()
@@ -193,6 +289,7 @@ def score_logprobs(
             "this transformers version does not take a tensor logits_to_keep (use score + gather_logprobs)"
         )
     targets = batch.input_ids[rows]
+    temp = None if batch.temperature is None else batch.temperature[rows]
     if entropy:
-        return token_logprobs(logits, targets, entropy=True)
-    return token_logprobs(logits, targets)
+        return token_logprobs(logits, targets, entropy=True, temperature=temp)
+    return token_logprobs(logits, targets, temperature=temp)

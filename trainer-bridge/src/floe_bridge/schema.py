@@ -12,6 +12,7 @@ __all__ = [
     "SAMPLE_SCHEMA",
     "METADATA_KEY",
     "METADATA_FIELDS",
+    "OPTIONAL_COLUMNS",
     "check_schema",
 ]
 
@@ -26,6 +27,7 @@ MICRO_BATCH_SCHEMA: pa.Schema = pa.schema(
         pa.field("old_logprobs", pa.float32()),  # rollout logprob of the sampled token
         pa.field("advantages", pa.float32()),  # the sample's advantage, 0 elsewhere
         pa.field("sample_idx", pa.int32()),  # index into the sample table, -1 if no loss
+        pa.field("temperature", pa.float32()),  # sampling temperature of a loss row's call, 1 elsewhere
     ]
 )
 
@@ -41,8 +43,13 @@ SAMPLE_SCHEMA: pa.Schema = pa.schema(
         pa.field("policy_version", pa.int64()),
         pa.field("num_calls", pa.int32()),
         pa.field("num_loss_tokens", pa.int64()),
+        pa.field("num_truncated_calls", pa.int32()),  # calls sampled with top_p < 1, top_k > 0 or greedily
     ]
 )
+
+#: Columns a floe from before they existed does not send, with the value that means what
+#: that floe meant (every call scored at T = 1; nothing flagged).
+OPTIONAL_COLUMNS: dict[str, float] = {"temperature": 1.0, "num_truncated_calls": 0}
 
 #: Record-batch metadata key; its value is a JSON object with METADATA_FIELDS.
 METADATA_KEY: bytes = b"floe"
@@ -72,6 +79,8 @@ def check_schema(schema: pa.Schema, expected: pa.Schema = MICRO_BATCH_SCHEMA) ->
         raise TypeError(f"check_schema: expected a pyarrow.Schema, got {type(schema).__name__}")
     for want in expected:
         idx = schema.get_all_field_indices(want.name)
+        if not idx and want.name in OPTIONAL_COLUMNS:
+            continue
         if not idx:
             raise ValueError(
                 f"schema is missing column {want.name!r} (expected type {want.type}); "

@@ -36,6 +36,7 @@ __all__ = [
     "token_logprobs",
     "gather_logprobs",
     "grpo_loss",
+    "LOG_RATIO_MAX",
 ]
 
 
@@ -48,7 +49,9 @@ class TreeBatch:
 
     dtypes: ``input_ids``, ``position_ids``, ``subtree_end``, ``pred_idx``, ``sample_idx``
     int64 (what embedding lookups, RoPE and advanced indexing want); ``loss_mask`` bool;
-    ``old_logprobs`` and ``advantages`` float32 (cast to the loss dtype where used).
+    ``old_logprobs``, ``advantages`` and ``temperature`` float32 (cast to the loss dtype
+    where used). ``temperature`` is the sampling temperature of each loss row's call (1
+    elsewhere): a loss row's log-prob is ``log_softmax(logits[pred] / temperature)``.
     """
 
     input_ids: Tensor
@@ -59,6 +62,7 @@ class TreeBatch:
     old_logprobs: Tensor
     advantages: Tensor
     sample_idx: Tensor
+    temperature: Tensor | None = None  # None: every row at T = 1
     meta: MicroBatchMeta | None = None
 
     @property
@@ -82,7 +86,7 @@ class TreeBatch:
 
 
 _INT_COLUMNS = ("input_ids", "position_ids", "subtree_end", "pred_idx", "sample_idx")
-_FLOAT_COLUMNS = ("old_logprobs", "advantages")
+_FLOAT_COLUMNS = ("old_logprobs", "advantages", "temperature")
 
 
 def to_tensors(mb: MicroBatch, device: torch.device | str = "cpu") -> TreeBatch:
@@ -112,30 +116,65 @@ def to_tensors(mb: MicroBatch, device: torch.device | str = "cpu") -> TreeBatch:
 # --- masks --------------------------------------------------------------------------------
 
 
-def dense_mask(subtree_end: Tensor) -> Tensor:
+def _check_window(position_ids: Tensor | None, window: int | None) -> None:
+    if window is None:
+        return
+    if position_ids is None:
+        raise ValueError("a sliding-window tree mask needs position_ids (the depths)")
+    if int(window) < 1:
+        raise ValueError(f"sliding window must be at least 1, got {window}")
+
+
+def dense_mask(subtree_end: Tensor, position_ids: Tensor | None = None, window: int | None = None) -> Tensor:
     """Boolean ``[N, N]`` mask, ``mask[q, k] = k <= q < subtree_end[k]`` (True = q may attend
-    to k). O(N²) memory: for CPU, SDPA/eager and tests. On the same device as the input."""
+    to k). O(N²) memory: for CPU, SDPA/eager and tests. On the same device as the input.
+
+    With a sliding ``window`` (and the depths ``position_ids``), a row also sees an ancestor
+    only when ``position_ids[q] - position_ids[k] < window``: the ``window`` most recent
+    tokens of its own sequence, itself included, which is what a sliding-window layer of
+    transformers (``kv_idx > q_idx - sliding_window``) and vLLM saw on that call alone."""
+    _check_window(position_ids, window)
     end = subtree_end.to(torch.int64)
     rows = torch.arange(end.shape[0], device=end.device)
     q = rows[:, None]
     k = rows[None, :]
-    return (k <= q) & (q < end[None, :])
+    mask = (k <= q) & (q < end[None, :])
+    if window is not None:
+        assert position_ids is not None
+        pos = position_ids.to(torch.int64)
+        mask &= (pos[:, None] - pos[None, :]) < int(window)
+    return mask
 
 
-def tree_mask_mod(subtree_end: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """FlexAttention ``mask_mod``: ``(kv <= q) & (q < subtree_end[kv])``.
+def tree_mask_mod(
+    subtree_end: Tensor, position_ids: Tensor | None = None, window: int | None = None
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """FlexAttention ``mask_mod``: ``(kv <= q) & (q < subtree_end[kv])``, and with a sliding
+    ``window`` also ``position_ids[q] - position_ids[kv] < window`` (see :func:`dense_mask`).
 
-    ``subtree_end`` must cover every index the kernel may ask about, i.e. be padded to a
-    multiple of the block size (``flex_block_mask`` pads it with zeros: a padded key is
-    visible to nobody)."""
+    ``subtree_end`` (and ``position_ids``) must cover every index the kernel may ask about,
+    i.e. be padded to a multiple of the block size (``flex_block_mask`` pads them with
+    zeros: a padded key is visible to nobody)."""
+    _check_window(position_ids, window)
+    if window is None:
 
-    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx])
+        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx])
 
-    return mask_mod
+        return mask_mod
+    assert position_ids is not None
+    pos = position_ids
+    w = int(window)
+
+    def window_mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx <= q_idx) & (q_idx < subtree_end[kv_idx]) & (pos[q_idx] - pos[kv_idx] < w)
+
+    return window_mask_mod
 
 
-def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
+def _tree_block_tables(
+    end: Tensor, n: int, bs: int, pos: Tensor | None = None, window: int | None = None
+) -> tuple[Tensor, Tensor]:
     """Block-level (partial, full) tables ``[nb, nb]`` of the tree mask, computed from
     per-block min/max of ``subtree_end``, never touching an N×N tensor.
 
@@ -147,6 +186,11 @@ def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
       ``min(end[j-block]) >= qe``.
     A block that runs past N is never full (create_block_mask pads the mask with False
     there, and so do we), which keeps these tables identical to ``create_block_mask``'s.
+
+    With a sliding ``window`` over the depths ``pos``: a block pair is full only if also
+    ``max(pos[q-block]) - min(pos[k-block]) < window``, and empty if
+    ``min(pos[q-block]) - max(pos[k-block]) >= window`` (bounds, so a pair the window
+    empties may still be listed as partial: the mask_mod decides inside it).
     """
     nb = (n + bs - 1) // bs
     pad = nb * bs - n
@@ -165,6 +209,14 @@ def _tree_block_tables(end: Tensor, n: int, bs: int) -> tuple[Tensor, Tensor]:
     below = j < i
     nonempty = (j == i) | (below & (e_max[None, :] > qs[:, None]))
     full = below & (e_min[None, :] >= qe[:, None]) & complete[:, None] & complete[None, :]
+    if window is not None:
+        assert pos is not None
+        big = torch.iinfo(torch.int64).max // 4
+        p = pos.to(torch.int64)
+        p_max = torch.nn.functional.pad(p, (0, pad), value=-big).view(nb, bs).amax(-1)
+        p_min = torch.nn.functional.pad(p, (0, pad), value=big).view(nb, bs).amin(-1)
+        full &= (p_max[:, None] - p_min[None, :]) < int(window)
+        nonempty &= (j == i) | ((p_min[:, None] - p_max[None, :]) < int(window))
     partial = nonempty & ~full
     return partial, full
 
@@ -183,6 +235,8 @@ def flex_block_mask(
     block_size: int = 128,
     *,
     build: Literal["blocks", "create_block_mask"] = "blocks",
+    position_ids: Tensor | None = None,
+    window: int | None = None,
 ) -> Any:
     """A FlexAttention ``BlockMask`` (B=1, H=1, shape ``[1, 1, N, N]``) for the tree mask
     ``(kv <= q) & (q < subtree_end[kv])``, on ``subtree_end``'s device.
@@ -194,7 +248,9 @@ def flex_block_mask(
     ``torch.nn.attention.flex_attention.create_block_mask`` with the same mask_mod; in
     eager mode that evaluates the mask_mod on all N×N pairs (it materialises a [N, N] bool
     tensor), so use it for checking, or wrap it in ``torch.compile`` yourself. Both give
-    the same tables (tested).
+    the same tables (tested). With a sliding ``window`` (and the depths ``position_ids``)
+    the mask also requires ``position_ids[q] - position_ids[kv] < window``
+    (:func:`dense_mask`).
     """
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
@@ -203,13 +259,18 @@ def flex_block_mask(
         raise ValueError("flex_block_mask: empty micro-batch")
     nb = (n + block_size - 1) // block_size
     # pad so the mask_mod can be asked about any index of a partial tail block
+    _check_window(position_ids, window)
     end_p = torch.nn.functional.pad(subtree_end.to(torch.int64), (0, nb * block_size - n), value=0)
-    mask_mod = tree_mask_mod(end_p)
+    pos_p = None
+    if window is not None:
+        assert position_ids is not None
+        pos_p = torch.nn.functional.pad(position_ids.to(torch.int64), (0, nb * block_size - n), value=0)
+    mask_mod = tree_mask_mod(end_p, pos_p, window)
     if build == "create_block_mask":
         return create_block_mask(mask_mod, 1, 1, n, n, device=subtree_end.device, BLOCK_SIZE=block_size)
     if build != "blocks":
         raise ValueError(f"flex_block_mask: build must be 'blocks' or 'create_block_mask', got {build!r}")
-    partial, full = _tree_block_tables(subtree_end, n, block_size)
+    partial, full = _tree_block_tables(subtree_end, n, block_size, position_ids, window)
     kv_num, kv_idx = _dense_to_ordered(partial)
     full_num, full_idx = _dense_to_ordered(full)
     return BlockMask.from_kv_blocks(
@@ -259,17 +320,25 @@ def cu_seqlens(subtree_end: Tensor, position_ids: Tensor) -> Tensor | None:
 
 
 @overload
-def token_logprobs(logits: Tensor, targets: Tensor, *, entropy: Literal[False] = ...) -> Tensor: ...
-@overload
-def token_logprobs(logits: Tensor, targets: Tensor, *, entropy: Literal[True]) -> tuple[Tensor, Tensor]: ...
 def token_logprobs(
-    logits: Tensor, targets: Tensor, *, entropy: bool = False
+    logits: Tensor, targets: Tensor, *, entropy: Literal[False] = ..., temperature: Tensor | None = ...
+) -> Tensor: ...
+@overload
+def token_logprobs(
+    logits: Tensor, targets: Tensor, *, entropy: Literal[True], temperature: Tensor | None = ...
+) -> tuple[Tensor, Tensor]: ...
+def token_logprobs(
+    logits: Tensor, targets: Tensor, *, entropy: bool = False, temperature: Tensor | None = None
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``log_softmax(logits[i])[targets[i]]`` for already-gathered rows ``logits [M, V]``,
-    in float32 via one logsumexp per row (no [M, V] log-softmax kept for backward beyond
-    what logsumexp and the gather need). With ``entropy=True`` also the entropy of each
-    row's distribution (``lse - sum(p * logits)``)."""
+    """``log_softmax(logits[i] / T[i])[targets[i]]`` for already-gathered rows ``logits [M,
+    V]`` (``T`` = ``temperature``, ``[M]``, default 1: the processed log-probs of a call
+    sampled at that temperature, as vLLM returns them with ``--logprobs-mode
+    processed_logprobs``), in float32 via one logsumexp per row (no [M, V] log-softmax kept
+    for backward beyond what logsumexp and the gather need). With ``entropy=True`` also the
+    entropy of each row's distribution (``lse - sum(p * logits)``)."""
     h = logits.float()
+    if temperature is not None:
+        h = h / temperature.to(h.device, torch.float32)[:, None]
     lse = torch.logsumexp(h, dim=-1)
     logp = h.gather(-1, targets.to(torch.int64)[:, None]).squeeze(-1) - lse
     if not entropy:
@@ -281,11 +350,13 @@ def token_logprobs(
 
 @overload
 def gather_logprobs(
-    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[False] = ...
+    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[False] = ...,
+    temperature: Tensor | None = ...,
 ) -> Tensor: ...
 @overload
 def gather_logprobs(
-    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[True]
+    logits: Tensor, input_ids: Tensor, pred_idx: Tensor, loss_mask: Tensor, *, entropy: Literal[True],
+    temperature: Tensor | None = ...,
 ) -> tuple[Tensor, Tensor]: ...
 def gather_logprobs(
     logits: Tensor,
@@ -294,6 +365,7 @@ def gather_logprobs(
     loss_mask: Tensor,
     *,
     entropy: bool = False,
+    temperature: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the loss rows, in row order: ``logp[t] =
     log_softmax(logits[pred_idx[t]])[input_ids[t]]`` for every ``t`` with ``loss_mask[t]``.
@@ -301,7 +373,9 @@ def gather_logprobs(
     ``logits`` is ``[N, V]`` (or ``[1, N, V]``). Only the ``n_loss`` predicting rows are
     indexed (a parent with several sampled children is gathered once per child); the
     normaliser is a logsumexp over those rows, never a log-softmax over all N rows.
-    With ``entropy=True`` returns ``(logp, entropy)`` over the same gathered rows.
+    With ``entropy=True`` returns ``(logp, entropy)`` over the same gathered rows. With
+    ``temperature`` (``[N]``, the micro-batch's column) each loss row is scored at its
+    call's temperature, ``log_softmax(logits[pred_idx[t]] / temperature[t])``.
     """
     if logits.dim() == 3:
         if logits.shape[0] != 1:
@@ -316,12 +390,23 @@ def gather_logprobs(
         raise ValueError("gather_logprobs: a loss row has no predicting row (pred_idx = -1)")
     picked = logits.index_select(0, pred)
     targets = input_ids.to(torch.int64)[rows]
+    temp = None if temperature is None else temperature[rows]
     if entropy:
-        return token_logprobs(picked, targets, entropy=True)
-    return token_logprobs(picked, targets)
+        return token_logprobs(picked, targets, entropy=True, temperature=temp)
+    return token_logprobs(picked, targets, temperature=temp)
 
 
 # --- the loss ------------------------------------------------------------------------------
+
+
+#: The log-ratio ``logp - old_logprobs`` is clamped to ``[-LOG_RATIO_MAX, LOG_RATIO_MAX]``
+#: before ``exp``: a poisoned rollout log-prob (vLLM's -9999 sentinel) would otherwise give
+#: an infinite ratio and a NaN gradient. e^20 ≈ 4.9e8; a clamped token gets no gradient.
+LOG_RATIO_MAX = 20.0
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    return torch.exp(torch.clamp(log_ratio, -LOG_RATIO_MAX, LOG_RATIO_MAX))
 
 
 def grpo_loss(
@@ -333,14 +418,29 @@ def grpo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     tis_cap: float | None = None,
+    prox_logprobs: Tensor | None = None,
     world_size: int = 1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped surrogate for one micro-batch's loss tokens (all 1-D, same length).
 
-    ``ratio = exp(logp - old_logprobs)``; ``clipped = clamp(ratio, 1 - clip_low,
-    1 + clip_high)`` (asymmetric, "clip-higher"); per-token loss ``-min(ratio·A, clipped·A)``,
-    optionally times the truncated importance weight ``min(exp(logp.detach() -
-    old_logprobs), tis_cap)`` (a constant: no gradient flows through it).
+    Two estimators (trainer-bridge/README.md, "The loss"):
+
+    - ``tis_cap=None`` (default): plain clipped PPO against the rollout log-probs.
+      ``ratio = exp(logp - old_logprobs)``; ``clipped = clamp(ratio, 1 - clip_low,
+      1 + clip_high)`` (asymmetric, "clip-higher"); per-token loss ``-min(ratio·A,
+      clipped·A)``.
+    - ``tis_cap=C``: the decoupled form (verl, AReaL). The PPO ratio and its clip are taken
+      against a proximal log-prob ``prox`` (the trainer's weights before this update, no
+      gradient), and the behaviour mismatch is corrected by the constant truncated weight
+      ``w = min(exp(prox - old_logprobs), C)``: per-token loss ``-w · min(r·A, clip(r)·A)``
+      with ``r = exp(logp - prox)``. ``prox_logprobs`` defaults to ``logp.detach()``: exact
+      when each fetched step is one optimizer step (``recipe.train_step``), where the
+      weights that score the batch are the proximal weights; then ``r = 1`` in value and the
+      gradient is ``-min(π/π_rollout, C) · A · ∇logp``. Pass ``prox_logprobs`` (scored
+      under the pre-update weights, no grad) when a step takes several optimizer updates.
+      The ratio is never applied twice.
+
+    Every log-ratio is clamped to ``±LOG_RATIO_MAX`` before ``exp``.
 
     Normalisation: the per-token losses are SUMMED over this micro-batch and divided by
     ``loss_tokens_global``, the step's loss tokens over all micro-batches and all ranks (the
@@ -354,8 +454,9 @@ def grpo_loss(
 
     Metrics (detached 0-d tensors, no host synchronisation): ``clip_fraction`` (share of
     tokens where the clipped term is the active one, i.e. whose gradient is cut),
-    ``mismatch`` (mean ``|logp - old_logprobs|``), ``ratio_mean``, ``loss_tokens`` (count),
-    and ``tis_weight_mean`` when ``tis_cap`` is set. Means over an empty micro-batch are 0.
+    ``mismatch`` (mean ``|logp - old_logprobs|``), ``ratio_mean`` (mean of ``exp(logp -
+    old_logprobs)``, clamped), ``loss_tokens`` (count), and ``tis_weight_mean`` when
+    ``tis_cap`` is set. Means over an empty micro-batch are 0.
     """
     if loss_tokens_global <= 0:
         raise ValueError(f"grpo_loss: loss_tokens_global must be positive, got {loss_tokens_global}")
@@ -364,19 +465,29 @@ def grpo_loss(
             f"grpo_loss: logp, old_logprobs and advantages must be 1-D of one length, got "
             f"{tuple(logp.shape)}, {tuple(old_logprobs.shape)}, {tuple(advantages.shape)}"
         )
+    if tis_cap is not None and not tis_cap > 0:
+        raise ValueError(f"grpo_loss: tis_cap must be positive, got {tis_cap}")
+    if prox_logprobs is not None and tis_cap is None:
+        raise ValueError("grpo_loss: prox_logprobs is the decoupled estimator's; set tis_cap")
     dt = torch.promote_types(logp.dtype, torch.float32)  # bf16 logp -> float32; float64 stays
     logp = logp.to(dt)
     old = old_logprobs.to(logp.device, dt)
     adv = advantages.to(logp.device, dt)
-    log_ratio = logp - old
-    ratio = torch.exp(log_ratio)
+    rollout_log_ratio = logp.detach() - old
+    tis_w: Tensor | None = None
+    if tis_cap is None:
+        ratio = _ratio(logp - old)
+    else:
+        prox = logp.detach() if prox_logprobs is None else prox_logprobs.to(logp.device, dt).detach()
+        if prox.shape != logp.shape:
+            raise ValueError(f"grpo_loss: prox_logprobs has shape {tuple(prox.shape)}, want {tuple(logp.shape)}")
+        ratio = _ratio(logp - prox)
+        tis_w = torch.clamp(_ratio(prox - old), max=tis_cap)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     per_token = torch.maximum(unclipped_loss, clipped_loss)  # = -min(ratio·A, clipped·A)
-    tis_w: Tensor | None = None
-    if tis_cap is not None:
-        tis_w = torch.clamp(torch.exp(log_ratio.detach()), max=tis_cap)
+    if tis_w is not None:
         per_token = per_token * tis_w
     loss = per_token.sum() * (float(world_size) / float(loss_tokens_global))
 
@@ -385,8 +496,8 @@ def grpo_loss(
         denom = float(max(n, 1))
         metrics: dict[str, Tensor] = {
             "clip_fraction": (clipped_loss > unclipped_loss).float().sum() / denom,
-            "mismatch": log_ratio.abs().sum() / denom,
-            "ratio_mean": ratio.sum() / denom,
+            "mismatch": rollout_log_ratio.abs().sum() / denom,
+            "ratio_mean": _ratio(rollout_log_ratio).sum() / denom,
             "loss_tokens": torch.tensor(n, device=logp.device),
         }
         if tis_w is not None:
