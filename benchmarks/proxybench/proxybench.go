@@ -168,19 +168,20 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		}
 	}
 	payload := body(opt.RequestBytes, true)
-	cctx, cancel := context.WithTimeout(ctx, opt.Duration)
-	defer cancel()
 	var wg sync.WaitGroup
 	var done, failed atomic.Int64
 	start := time.Now()
+	// Each session starts requests until the phase's duration is over and finishes the
+	// one it is in, so every request started is counted, on a loaded machine too, and the
+	// rate is over the time they all took.
 	for i := 0; i < opt.Concurrency; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for cctx.Err() == nil {
-				err := call(cctx, client, px.URL, payload)
-				if cctx.Err() != nil {
-					return // the phase ended mid-request: not an error of the proxy
+			for ctx.Err() == nil && time.Since(start) < opt.Duration {
+				err := call(ctx, client, px.URL, payload)
+				if ctx.Err() != nil {
+					return
 				}
 				if err != nil {
 					failed.Add(1)
