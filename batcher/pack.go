@@ -61,7 +61,7 @@ func (c Config) cost(b *bin) float64 {
 //  5. With dp > 1, the micro-batches are levelled: the same count is re-packed under a
 //     lower cap or worst-fit, within a small row overhead, so that the micro-batches of
 //     every rank are alike and lockstep passes wait on no straggler (level).
-func pack(units []unit, budget int64, dp int, passCost float64) ([]piece, []bin, error) {
+func pack(units []unit, budget int64, dp int, passCost float64, w weight) ([]piece, []bin, error) {
 	var parts []*part
 	for start := 0; start < len(units); {
 		end := start + 1
@@ -96,7 +96,7 @@ func pack(units []unit, budget int64, dp int, passCost float64) ([]piece, []bin,
 	}
 	drafts = splitPack(parts, drafts, budget, dp, passCost)
 	if dp > 1 {
-		drafts = level(parts, drafts, budget, dp, passCost > 0)
+		drafts = level(parts, drafts, budget, dp, passCost > 0, w)
 	}
 	var pieces []piece
 	bins := make([]bin, len(drafts))
@@ -356,19 +356,32 @@ func splitPack(parts []*part, drafts []*binDraft, budget int64, dp int, passCost
 // splitting pieces to even out the micro-batches.
 const levelOverhead = 0.01
 
-// lockstepRows is the rows a lockstep run of the drafts waits on: sorted heaviest first and
-// cut into rows of dp (as balance assigns them), Σ over rows of the heaviest.
-func lockstepRows(ds []*binDraft, dp int) int64 {
-	rows := make([]int64, len(ds))
-	for i, d := range ds {
-		if d != nil {
-			rows[i] = d.rows
-		}
+// weight is a micro-batch's rank-balancing cost from its rows and Σ(depth+1) (Config.cost
+// without the padding).
+type weight struct{ row, attn float64 }
+
+func (w weight) of(d *binDraft) float64 {
+	if d == nil {
+		return 0
 	}
-	slices.SortFunc(rows, func(a, b int64) int { return cmp.Compare(b, a) })
-	var t int64
-	for k := 0; k < len(rows); k += dp {
-		t += rows[k]
+	var attn float64
+	for _, p := range d.parts {
+		attn += p.attn
+	}
+	return w.row*float64(d.rows) + w.attn*attn
+}
+
+// lockstepCost is the cost a lockstep run of the drafts waits on: sorted heaviest first and
+// cut into rows of dp (as balance assigns them), Σ over rows of the heaviest.
+func lockstepCost(ds []*binDraft, dp int, w weight) float64 {
+	costs := make([]float64, len(ds))
+	for i, d := range ds {
+		costs[i] = w.of(d)
+	}
+	slices.SortFunc(costs, func(a, b float64) int { return cmp.Compare(b, a) })
+	var t float64
+	for k := 0; k < len(costs); k += dp {
+		t += costs[k]
 	}
 	return t
 }
@@ -377,26 +390,26 @@ func lockstepRows(ds []*binDraft, dp int) int64 {
 // and lockstep micro-batch k of every rank waits on none: worst-fit (each part into the
 // emptiest micro-batch, split when it fits there only in part), and best-fit under caps
 // found by bisection between the mean and the heaviest micro-batch. Of the plans that add
-// at most levelOverhead rows, the one of least lockstepRows wins. With split false, no tree
+// at most levelOverhead rows, the one of least lockstepCost wins. With split false, no tree
 // that fits the budget is split.
-func level(parts []*part, drafts []*binDraft, budget int64, dp int, split bool) []*binDraft {
+func level(parts []*part, drafts []*binDraft, budget int64, dp int, split bool, w weight) []*binDraft {
 	n := len(drafts)
 	if n < 2*dp {
 		return drafts
 	}
 	rows := draftRows(drafts)
 	limit := rows + int64(float64(rows)*levelOverhead)
-	best, bestT := drafts, lockstepRows(drafts, dp)
+	best, bestT := drafts, lockstepCost(drafts, dp, w)
 	try := func(ds []*binDraft, ok bool) bool {
 		if !ok || draftRows(ds) > limit {
 			return false
 		}
-		if t := lockstepRows(ds, dp); t < bestT {
+		if t := lockstepCost(ds, dp, w); t < bestT {
 			best, bestT = ds, t
 		}
 		return true
 	}
-	try(worstFitSplit(parts, budget, n, split))
+	try(worstFitSplit(parts, budget, n, split, w))
 	var heaviest int64
 	for _, d := range drafts {
 		if d != nil {
@@ -415,20 +428,29 @@ func level(parts []*part, drafts []*binDraft, budget int64, dp int, split bool) 
 	return best
 }
 
-// worstFitSplit puts each part, largest first, into the emptiest of n drafts, or when it
-// does not fit there whole, its units where they add the fewest rows (split further when
-// split is set).
-func worstFitSplit(parts []*part, budget int64, n int, split bool) ([]*binDraft, bool) {
+// worstFitSplit puts each part, largest first, into the lightest of n drafts by weight,
+// or when it does not fit there whole, its units where they add the fewest rows (split
+// further when split is set).
+func worstFitSplit(parts []*part, budget int64, n int, split bool, w weight) ([]*binDraft, bool) {
 	ds := make([]*binDraft, n)
+	load := make([]float64, n)
 	for i := range ds {
 		ds[i] = &binDraft{}
 	}
 	for _, p := range parts {
 		e := 0
-		for i, d := range ds {
-			if d.rows < ds[e].rows {
+		for i := range ds {
+			if load[i] < load[e] {
 				e = i
 			}
+		}
+		if ds[e].rows+p.rows <= budget {
+			cp := *p
+			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
+			ds[e].rows += p.rows
+			ds[e].parts = append(ds[e].parts, &cp)
+			load[e] = w.of(ds[e])
+			continue
 		}
 		if ds[e].rows+p.rows <= budget {
 			cp := *p
@@ -441,6 +463,9 @@ func worstFitSplit(parts []*part, budget int64, n int, split bool) ([]*binDraft,
 			if !placeSplit(ds, u, budget, split) {
 				return nil, false
 			}
+		}
+		for i := range ds {
+			load[i] = w.of(ds[i])
 		}
 	}
 	return ds, true

@@ -214,7 +214,7 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 	if len(units) == 0 {
 		return nil, fmt.Errorf("step %d: %w: its %d groups hold no trainable call", n, ErrNothingToTrain, len(groups))
 	}
-	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize, cfg.PassCost)
+	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize, cfg.PassCost, weight{cfg.RowCost, cfg.AttnCost})
 	if err != nil {
 		return nil, fmt.Errorf("step %d: %w", n, err)
 	}
