@@ -80,6 +80,7 @@ var serveFlags = []struct {
 			"with -token-budget auto: the trainer device's memory in bytes, when floe cannot see the GPU through NVML (0: NVML's)")
 	}},
 	{batcher.FlagPadMultiple, registerBatcherFlag},
+	{batcher.FlagPassCost, registerBatcherFlag},
 	{"flight-token", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.FlightToken, n, c.FlightToken, "require this bearer token on every Flight call")
 	}},

@@ -68,7 +68,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 	all := []string{"advantage", "data-dir", "dp-size", "drop-failed", "engine", "flight-addr", "flight-token",
 		"gpu-memory", "group-size", "group-timeout", "groups-per-step", "max-staleness", "memory-target",
-		"min-group-size", "model", "open-sessions", "pad-multiple", "proxy-addr", "steps-ahead", "strategy",
+		"min-group-size", "model", "open-sessions", "pad-multiple", "pass-cost", "proxy-addr", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	tests := []struct {
 		name  string
