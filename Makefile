@@ -108,7 +108,7 @@ bench-trl: venv
 	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[bench]'
 	mkdir -p $(TRL_WORK)
 	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
-	rm -rf $(TRL_WORK)/before && git worktree add -f --detach $(TRL_WORK)/before $(TRL_BEFORE)
+	rm -rf $(TRL_WORK)/before && git worktree prune && git worktree add -f --detach $(TRL_WORK)/before $(TRL_BEFORE)
 	cp cmd/floe-bench/trl.go $(TRL_WORK)/before/cmd/floe-bench/
 	sed -i 's|\tcase "proxy":|\tcase "trl":\n\t\terr = runTRL(ctx, args[1:], stdout, stderr)\n\tcase "proxy":|' $(TRL_WORK)/before/cmd/floe-bench/main.go
 	cd $(TRL_WORK)/before && $(GO) build -o $(TRL_WORK)/floe-bench-before ./cmd/floe-bench
