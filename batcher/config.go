@@ -81,8 +81,9 @@ type Config struct {
 	// row-equivalents: kernel launches, and under FSDP/ZeRO-3 the parameter all-gather
 	// and gradient reduce-scatter that every pass pays whatever its rows. The packer
 	// minimises rows + c × micro-batches, and splits a tree that fits the budget when
-	// that saves a pass. 0 never splits a tree that fits. The default 1024 is a pass's
-	// ~10–30 ms fixed cost over a dense 0.5B–7B model's per-row time on one H100.
+	// that saves a pass. 0 never splits a tree that fits. The default 1024: a pass's
+	// ~10–30 ms fixed cost over the 7–100 µs a row of a dense 0.5B–7B model costs on one
+	// H100 gives ~100–4000 rows; 1024 is their middle on a log scale (docs/batcher.md).
 	PassCost float64
 }
 
