@@ -148,19 +148,24 @@ def main() -> int:
     ap.add_argument("--bin", required=True, help="floe-bench built from this tree")
     ap.add_argument("--before-bin", help="floe-bench built at the commit before the packer change")
     ap.add_argument("--before-ref", default="", help="that commit, for the report")
-    ap.add_argument("--corpora", default="cpu:32,medium:4,medium:16", help="config:groups, comma-separated")
+    ap.add_argument("--corpora", default="cpu:32,medium:4,medium:16,default:4@65536",
+                    help="config:groups[@B;B...], comma-separated; @ restricts a corpus to those budgets")
+    ap.add_argument("--floe-only", default="default:32@65536",
+                    help="corpora packed by floe alone, before and after (too large for TRL's Python planner here)")
     ap.add_argument("--budgets", default="16384,65536")
     ap.add_argument("--dp", default="1,8")
     ap.add_argument("--work", default="/tmp/floe-trl-bench")
     ap.add_argument("--out", default="benchmarks/results/trl/REPORT.md")
     ap.add_argument("--json", default="benchmarks/results/trl/results.json")
+    ap.add_argument("--core", type=int, default=-1, help="the core to pin TRL and floe to (default: the lowest)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from --json")
     args = ap.parse_args()
     if args.report_only:
         Path(args.out).write_text(report(json.loads(Path(args.json).read_text()), args))
         return 0
     try:
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as floe-bench's GOMAXPROCS=1
+        core = args.core if args.core >= 0 else min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})  # one core, as floe-bench's GOMAXPROCS=1
     except (AttributeError, OSError):
         pass
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -171,7 +176,10 @@ def main() -> int:
     import trl
 
     results = {"trl_version": trl.__version__, "before_ref": args.before_ref, "settings": []}
+    all_budgets = budgets
     for spec in args.corpora.split(","):
+        spec, _, only = spec.partition("@")  # config:groups[@B;B]: only these budgets (paths longer than B)
+        budgets = [int(b) for b in only.split(";")] if only else all_budgets
         name, groups = spec.split(":")
         prefix = str(work / f"{name}-{groups}")
         after = floe_bench(args.bin, name, int(groups), budgets, dps, fracs + ["1024"], prefix, prefix + ".after.json")
@@ -190,6 +198,15 @@ def main() -> int:
                                             "trl": t, "floe": f, "before": bf})
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(results, indent=1))
+    for spec in filter(None, args.floe_only.split(",")):
+        spec, _, only = spec.partition("@")
+        name, groups = spec.split(":")
+        bs = [int(b) for b in only.split(";")] if only else all_budgets
+        prefix = str(work / f"{name}-{groups}")
+        after = floe_bench(args.bin, name, int(groups), bs, dps, ["0", "1024", "1/8"], None, prefix + ".after.json")
+        before = floe_bench(args.before_bin, name, int(groups), bs, dps, ["0"], None, prefix + ".before.json") if args.before_bin else []
+        results.setdefault("floe_only", []).append({"corpus": spec, "after": after, "before": before})
+        Path(args.json).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(report(results, args))
     return 0
 
@@ -216,7 +233,7 @@ def dominance(s, padded=False):
 
 def report(res, args) -> str:
     out = ["# floe's packer against TRL's tree packing", ""]
-    out.append(f"Command: `make bench-trl` (`benchmarks/trl_bench.py --corpora {args.corpora} --budgets {args.budgets} "
+    out.append(f"Command: `make bench-trl` (`benchmarks/trl_bench.py --corpora {args.corpora} --floe-only {args.floe_only} --budgets {args.budgets} "
                f"--dp {args.dp}`), trl {res['trl_version']} as installed (TokenBudgetBatcher + TreeRow.pack(), imported, "
                f"not copied). Before: floe-bench built at {res['before_ref'] or '(none)'}.")
     out.append("")
@@ -310,6 +327,19 @@ def report(res, args) -> str:
                        f"{f['passes_per_rank']} | {b['lockstep_imbalance']:.3f} | {f['lockstep_imbalance']:.3f} | "
                        f"{b['imbalance']:.3f} | {f['imbalance']:.3f} | {'yes' if b0 else 'NO'} / {'yes' if b8 else 'NO'} | "
                        f"{'yes' if ok else 'NO'} |")
+    if res.get("floe_only"):
+        out.append("")
+        out.append("## floe alone on the full default corpus, before and after (TRL's Python planner would take too long here)")
+        out.append("")
+        out.append("| corpus | B | dp | packer | c | tokens | passes/rank | fill | imbalance | lockstep imbalance |")
+        out.append("|---|--:|--:|---|--:|--:|--:|--:|--:|--:|")
+        for fo in res["floe_only"]:
+            for label, rows in (("before", fo["before"]), ("after", fo["after"])):
+                for r in rows:
+                    if r.get("error"):
+                        continue
+                    out.append(f"| {fo['corpus']} | {r['budget']} | {r['dp']} | {label} | {r['pass_cost']:g} | {r['rows']} | "
+                               f"{r['passes_per_rank']} | {r['fill']:.3f} | {r['imbalance']:.3f} | {r['lockstep_imbalance']:.3f} |")
     out.append("")
     return "\n".join(out)
 
