@@ -96,10 +96,11 @@ def run_trl(samples, budget: int, dp: int):
                 batches.append(real)
             break
         batches.append(rows)
-    tokens = kv = loss = 0
+    tokens = kv = loss = padded = 0
     depth = 0
     costs = []  # per micro-batch, per rank
     for rows in batches:
+        padded += dp * max(len(row.tokens) for row in rows)  # the collator pads every rank's row to the longest
         mb = []
         for row in rows:
             if not row.samples:
@@ -120,6 +121,7 @@ def run_trl(samples, budget: int, dp: int):
     mean = total / dp if dp else 0
     return {
         "rows": tokens,
+        "padded_rows": padded,
         "micro_batches": passes * dp,
         "passes_per_rank": passes,
         "fill": tokens / (passes * dp * budget) if passes else 0,
@@ -212,7 +214,7 @@ def main() -> int:
 
 
 def cost(r, c, padded=False):
-    return (r["padded_rows"] if padded else r["rows"]) + c * r["micro_batches"]
+    return (r.get("padded_rows", r["rows"]) if padded else r["rows"]) + c * r["micro_batches"]
 
 
 def dominance(s, padded=False):
@@ -225,9 +227,9 @@ def dominance(s, padded=False):
     for i, r in enumerate(grid):
         ends = [r["pass_cost"]] + ([grid[i + 1]["pass_cost"]] if i + 1 < len(grid) else [])
         for c in ends:
-            margin = cost(t, c) / cost(r, c, padded)
+            margin = cost(t, c, padded) / cost(r, c, padded)
             worst = min(worst, margin)
-            ok &= cost(r, c, padded) <= cost(t, c)
+            ok &= cost(r, c, padded) <= cost(t, c, padded)
     return ok, worst
 
 
@@ -237,7 +239,7 @@ def report(res, args) -> str:
                f"--dp {args.dp}`), trl {res['trl_version']} as installed (TokenBudgetBatcher + TreeRow.pack(), imported, "
                f"not copied). Before: floe-bench built at {res['before_ref'] or '(none)'}.")
     out.append("")
-    out.append("Tokens are rows forwarded over all ranks, padding excluded (floe's 128-row padding in its own column); "
+    out.append("Tokens are rows forwarded over all ranks, padding excluded (with padding in brackets); "
                "passes are micro-batches per rank; cost = tokens + c × passes over all ranks; imbalance is rank cost "
                "max/mean over the step, lockstep imbalance Σ_k max_r cost(rank r's micro-batch k) / Σ_k mean_r, both "
                "on cost = rows + Σ(depth+1)/16384 (floe's default rank cost). K/V gather: TRL's len(tree_kv_index). "
@@ -261,7 +263,8 @@ def report(res, args) -> str:
                f"of the grid, max {max((x[0] for x in lock), default=float('nan')):.3f} (c = 0 never splits a tree "
                f"that fits, so levelling there moves only whole pieces).")
     padded = [dominance(s, True) for s in res["settings"] if any(not r.get("error") for r in s["floe"])]
-    out.append(f"- Counting floe's padding (to multiples of 128) as forwarded tokens: {sum(ok for ok, _ in padded)} of "
+    out.append(f"- Counting padding as forwarded tokens (floe pads each micro-batch to a multiple of 128; TRL's collator "
+               f"pads every rank's row to the micro-batch's longest): {sum(ok for ok, _ in padded)} of "
                f"{len(padded)} settings dominate (smallest ratio {min((w for _, w in padded), default=float('nan')):.3f}).")
     eq = sum(all(r["loss_terms"] == s["trl"]["loss_terms"] for r in s["floe"] if not r.get("error")) for s in res["settings"])
     out.append(f"- Loss terms: TRL's `token_index` count equals floe's loss rows (every c) in {eq} of "
@@ -273,7 +276,7 @@ def report(res, args) -> str:
     out.append("")
     out.append("## Dominance: floe (after, c = default 1024) against TRL")
     out.append("")
-    out.append("| corpus | B | dp | TRL tokens | floe tokens (padded) | TRL passes/rank | floe passes/rank | TRL fill | floe fill | "
+    out.append("| corpus | B | dp | TRL tokens (padded) | floe tokens (padded) | TRL passes/rank | floe passes/rank | TRL fill | floe fill | "
                "TRL imb. | floe imb. | TRL lockstep | floe lockstep | TRL Σ(depth+1) | floe Σ(depth+1) | TRL K/V gather | "
                "loss terms TRL = floe | TRL time / floe time | cost ≤ TRL for all c in [0, B/8] (worst TRL/floe) |")
     out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|---|")
@@ -285,7 +288,7 @@ def report(res, args) -> str:
             continue
         ok, worst = dominance(s)
         eq = "yes" if t["loss_terms"] == f["loss_terms"] else f"NO ({t['loss_terms']} vs {f['loss_terms']})"
-        out.append(f"| {s['corpus']} | {s['budget']} | {s['dp']} | {t['rows']} | {f['rows']} ({f['padded_rows']}) | "
+        out.append(f"| {s['corpus']} | {s['budget']} | {s['dp']} | {t['rows']} ({t.get('padded_rows', '-')}) | {f['rows']} ({f['padded_rows']}) | "
                    f"{t['passes_per_rank']} | {f['passes_per_rank']} | {t['fill']:.3f} | {f['fill']:.3f} | "
                    f"{t['imbalance']:.3f} | {f['imbalance']:.3f} | {t['lockstep_imbalance']:.3f} | {f['lockstep_imbalance']:.3f} | "
                    f"{t['depth_sum']:.3g} | {f['depth_sum']:.3g} | {t['kv_gather']:.3g} | {eq} ({t['loss_terms']}) | "
