@@ -484,18 +484,34 @@ func splitRepack(parts []*part, budget int64, n int, split bool) ([]*binDraft, b
 	for i := range ds {
 		ds[i] = &binDraft{}
 	}
-	for _, p := range parts {
-		best := -1
-		for i, d := range ds {
-			if d.rows+p.rows <= budget && (best < 0 || d.rows > ds[best].rows) {
-				best = i
-			}
+	// order holds the drafts fullest first, ties by index, so the fullest draft a part fits
+	// is a binary search away.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	less := func(a, b int) int {
+		if c := cmp.Compare(ds[b].rows, ds[a].rows); c != 0 {
+			return c
 		}
-		if best >= 0 {
+		return cmp.Compare(a, b)
+	}
+	for _, p := range parts {
+		k := sort.Search(len(order), func(k int) bool { return ds[order[k]].rows+p.rows <= budget })
+		if k < len(order) {
+			best := order[k]
+			// The fullest that fits may tie with drafts after it; the lowest index wins.
+			for j := k + 1; j < len(order) && ds[order[j]].rows == ds[best].rows; j++ {
+				best = min(best, order[j])
+			}
+			at := slices.Index(order, best)
+			order = slices.Delete(order, at, at+1)
 			cp := *p
 			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
 			ds[best].rows += p.rows
 			ds[best].parts = append(ds[best].parts, &cp)
+			at, _ = slices.BinarySearchFunc(order, best, less)
+			order = slices.Insert(order, at, best)
 			continue
 		}
 		for _, u := range p.units {
@@ -503,6 +519,7 @@ func splitRepack(parts []*part, budget int64, n int, split bool) ([]*binDraft, b
 				return nil, false
 			}
 		}
+		slices.SortFunc(order, less)
 	}
 	return ds, true
 }
