@@ -6,6 +6,7 @@
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
 #   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
+#   make bench-trl     regenerate benchmarks/results/trl/REPORT.md (floe's packer against TRL 1.16's tree packing)
 #   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
@@ -24,7 +25,7 @@ STAMP    := $(VENV)/.floe-python-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
 all: test
 
@@ -97,6 +98,23 @@ bench-flight: venv
 # Proxy overhead against a zero-latency fake upstream.
 bench-proxy:
 	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
+
+# floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
+# bench extra), on the same corpus calls, one core each; the before column is floe-bench
+# built at TRL_BEFORE, the commit before the pass cost and lockstep balance.
+TRL_BEFORE ?= 47a5161
+TRL_WORK   ?= /tmp/floe-trl-bench
+bench-trl: venv
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[bench]'
+	mkdir -p $(TRL_WORK)
+	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
+	rm -rf $(TRL_WORK)/before && git worktree prune && git worktree add -f --detach $(TRL_WORK)/before $(TRL_BEFORE)
+	cp cmd/floe-bench/trl.go $(TRL_WORK)/before/cmd/floe-bench/
+	sed -i 's|\tcase "proxy":|\tcase "trl":\n\t\terr = runTRL(ctx, args[1:], stdout, stderr)\n\tcase "proxy":|' $(TRL_WORK)/before/cmd/floe-bench/main.go
+	cd $(TRL_WORK)/before && $(GO) build -o $(TRL_WORK)/floe-bench-before ./cmd/floe-bench
+	git worktree remove --force $(TRL_WORK)/before
+	TRL_EXPERIMENTAL_SILENCE=1 $(VPY) benchmarks/trl_bench.py --bin $(TRL_WORK)/floe-bench \
+		--before-bin $(TRL_WORK)/floe-bench-before --before-ref $(TRL_BEFORE) --work $(TRL_WORK)
 
 # End to end: replay the small synthetic corpus through floe against the reference server,
 # train the tiny model once per strategy on CPU, write the report and plots.

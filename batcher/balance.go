@@ -2,6 +2,7 @@ package batcher
 
 import (
 	"container/heap"
+	"slices"
 	"sort"
 )
 
@@ -14,12 +15,65 @@ type partition struct {
 
 func (p *partition) spread() float64 { return p.load[0] - p.load[len(p.load)-1] }
 
-// balance assigns bins to ranks, every rank the same number, so that the ranks' costs are
-// as even as the largest differencing method gets them: bins sorted by cost are cut into
-// rows of dp (one bin per rank), then the two partitions with the largest spread are
-// merged repeatedly, heaviest subset of one with the lightest of the other. len(costs)
-// must be a multiple of dp. The result lists bin indices per rank.
+// balance assigns bins to ranks, every rank the same number, so that the ranks are even in
+// lockstep — micro-batch k of every rank alike — and in sum. Bins sorted by cost are cut
+// into rows of dp, heaviest first: row k becomes micro-batch k of every rank, and sorted
+// rows minimise Σ_k max over row k, the time a lockstep run takes. Within a row the bins
+// go heaviest first to the rank of least load so far, so rank sums stay even too; the
+// result is then checked against balanced Karmarkar-Karp (largest differencing,
+// kkBalance) on the sum, and the rows are kept unless KK's heaviest rank is more than
+// lockstepSlack lighter. len(costs) must be a multiple of dp. The result lists bin
+// indices per rank, micro-batch order.
 func balance(costs []float64, dp int) [][]int {
+	order := make([]int, len(costs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return costs[order[a]] > costs[order[b]] })
+	out := make([][]int, dp)
+	load := make([]float64, dp)
+	ranks := make([]int, dp)
+	for start := 0; start < len(order); start += dp {
+		for r := range ranks {
+			ranks[r] = r
+		}
+		sort.SliceStable(ranks, func(a, b int) bool { return load[ranks[a]] < load[ranks[b]] })
+		for i, r := range ranks {
+			b := order[start+i]
+			out[r] = append(out[r], b)
+			load[r] += costs[b]
+		}
+	}
+	if len(order) == 0 {
+		return out
+	}
+	kk := kkBalance(costs, dp)
+	var kkMax float64
+	for _, bins := range kk {
+		var l float64
+		for _, b := range bins {
+			l += costs[b]
+		}
+		kkMax = max(kkMax, l)
+	}
+	if kkMax*(1+lockstepSlack) < slices.Max(load) {
+		for _, bins := range kk { // heaviest first, so lockstep rows stay as alike as KK allows
+			sort.SliceStable(bins, func(a, b int) bool { return costs[bins[a]] > costs[bins[b]] })
+		}
+		return kk
+	}
+	return out
+}
+
+// lockstepSlack is how much heavier the lockstep rows' heaviest rank may be than
+// Karmarkar-Karp's before balance falls back to KK's sum-balanced assignment.
+const lockstepSlack = 0.02
+
+// kkBalance assigns bins to ranks, every rank the same number, so that the ranks' costs
+// are as even as the largest differencing method gets them: bins sorted by cost are cut
+// into rows of dp (one bin per rank), then the two partitions with the largest spread are
+// merged repeatedly, heaviest subset of one with the lightest of the other.
+func kkBalance(costs []float64, dp int) [][]int {
 	order := make([]int, len(costs))
 	for i := range order {
 		order[i] = i

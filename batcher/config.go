@@ -77,6 +77,14 @@ type Config struct {
 	// their ratio. The default 1/16384 lies between a 0.5B and a 7B dense model.
 	RowCost  float64
 	AttnCost float64
+	// PassCost is c, the fixed cost of one forward+backward pass (one micro-batch) in
+	// row-equivalents: kernel launches, and under FSDP/ZeRO-3 the parameter all-gather
+	// and gradient reduce-scatter that every pass pays whatever its rows. The packer
+	// minimises rows + c × micro-batches, and splits a tree that fits the budget when
+	// that saves a pass. 0 never splits a tree that fits. The default 1024: a pass's
+	// ~10–30 ms fixed cost over the 7–100 µs a row of a dense 0.5B–7B model costs on one
+	// H100 gives ~100–4000 rows; 1024 is their middle on a log scale (docs/batcher.md).
+	PassCost float64
 }
 
 // DefaultConfig returns the defaults of DESIGN.md: tree strategy, GRPO advantages,
@@ -90,6 +98,7 @@ func DefaultConfig() Config {
 		DPSize:      1,
 		RowCost:     1,
 		AttnCost:    1.0 / 16384,
+		PassCost:    1024,
 	}
 }
 
@@ -114,6 +123,9 @@ func (c Config) Validate() error {
 	if c.RowCost < 0 || c.AttnCost < 0 || c.RowCost+c.AttnCost == 0 {
 		return fmt.Errorf("rank cost weights (rows %v, attention %v) must be non-negative and not both zero",
 			c.RowCost, c.AttnCost)
+	}
+	if c.PassCost < 0 || c.PassCost != c.PassCost {
+		return fmt.Errorf("pass cost %v must be a non-negative number of rows", c.PassCost)
 	}
 	return nil
 }

@@ -14,12 +14,17 @@ import (
 // packing rules hold. It returns false when the budget cannot hold the longest path (an
 // expected error, checked for its wording).
 func checkFaithful(t *testing.T, groups []trace.Group, budget, pad, dp int, adv batcher.Advantage) bool {
+	return checkFaithfulCost(t, groups, budget, pad, dp, adv, batcher.DefaultConfig().PassCost)
+}
+
+// checkFaithfulCost is checkFaithful under pass cost c.
+func checkFaithfulCost(t *testing.T, groups []trace.Group, budget, pad, dp int, adv batcher.Advantage, c float64) bool {
 	t.Helper()
 	want := perRequestTerms(groups, adv)
 	for _, s := range batcher.Strategies {
 		cfg := batcher.DefaultConfig()
 		cfg.Strategy, cfg.Advantage = s, adv
-		cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize = budget, pad, dp
+		cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize, cfg.PassCost = budget, pad, dp, c
 		st, err := batcher.FormStep(7, groups, cfg)
 		if err != nil {
 			if strings.Contains(err.Error(), "longer than the token budget") {
@@ -77,6 +82,10 @@ func TestFaithfulness(t *testing.T) {
 			if !checkFaithful(t, groups, budget, 16, int(seed%4)+1, advs[seed%3]) {
 				t.Fatalf("seed %d: budget %d refused although the longest call has %d tokens", seed, budget, longest)
 			}
+			// The pass cost splits trees that fit: at 0 never, at B/8 eagerly.
+			for _, c := range []float64{0, float64(budget) / 8} {
+				checkFaithfulCost(t, groups, budget, 16, int(seed%4)+1, advs[seed%3], c)
+			}
 			if budget < 4096 {
 				cut++
 			}
@@ -94,6 +103,8 @@ func FuzzFaithfulness(f *testing.F) {
 	f.Add(int64(2), uint16(90), uint8(1))
 	f.Add(int64(3), uint16(2000), uint8(8))
 	f.Fuzz(func(t *testing.T, seed int64, budget uint16, dp uint8) {
+		// The pass cost follows the seed: 0 (no split of a tree that fits), the default,
+		// or B/8 and B (eager splitting).
 		cfg := corpus.Small()
 		cfg.Groups = 2
 		groups, err := corpus.Generate(cfg, seed)
@@ -101,7 +112,8 @@ func FuzzFaithfulness(f *testing.F) {
 			t.Fatal(err)
 		}
 		b := roundUp(int(budget)+1, 8)
-		ok := checkFaithful(t, groups, b, 8, int(dp%8)+1, batcher.GRPO)
+		c := []float64{0, batcher.DefaultConfig().PassCost, float64(b) / 8, float64(b)}[uint64(seed)%4]
+		ok := checkFaithfulCost(t, groups, b, 8, int(dp%8)+1, batcher.GRPO, c)
 		if ok != (b >= longestSequence(groups)) {
 			t.Fatalf("budget %d, longest call %d: formed = %v", b, longestSequence(groups), ok)
 		}

@@ -14,10 +14,11 @@ const (
 	FlagTokenBudget = "token-budget"
 	FlagPadMultiple = "pad-multiple"
 	FlagDPSize      = "dp-size"
+	FlagPassCost    = "pass-cost"
 )
 
 // FlagNames lists every flag RegisterFlags knows, in the order it defines them.
-var FlagNames = []string{FlagStrategy, FlagAdvantage, FlagTokenBudget, FlagPadMultiple, FlagDPSize}
+var FlagNames = []string{FlagStrategy, FlagAdvantage, FlagTokenBudget, FlagPadMultiple, FlagDPSize, FlagPassCost}
 
 // RegisterFlags defines the named flags (every one of FlagNames when none is named) on fs,
 // bound to c's fields, with c's current values as their defaults: a command sets its own
@@ -40,6 +41,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, names ...string) {
 			fs.IntVar(&c.PadMultiple, name, c.PadMultiple, "pad each micro-batch to a multiple of this many rows")
 		case FlagDPSize:
 			fs.IntVar(&c.DPSize, name, c.DPSize, "data-parallel ranks")
+		case FlagPassCost:
+			fs.Float64Var(&c.PassCost, name, c.PassCost, "fixed cost of one micro-batch pass in rows: the packer minimises rows + pass-cost × micro-batches, splitting a tree that fits when that saves a pass (0: never)")
 		default:
 			panic(fmt.Sprintf("batcher.RegisterFlags: no flag %q (want one of %v)", name, FlagNames))
 		}

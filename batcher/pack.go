@@ -54,7 +54,14 @@ func (c Config) cost(b *bin) float64 {
 //     where it adds the fewest path rows. If that fails, the pieces of pass 2 are spread
 //     worst-fit over the multiple above, so that no rank gets an empty micro-batch while
 //     another is full.
-func pack(units []unit, budget int64, dp int) ([]piece, []bin, error) {
+//  4. With a pass cost c > 0, fewer micro-batches are tried, dp at a time, down to the
+//     floor ceil(rows/budget): every piece may now be split, a tree that fits included,
+//     at its branch points into subtrees placed where they add the fewest path rows.
+//     The plan of least rows + c × micro-batches wins (splitPack).
+//  5. With dp > 1, the micro-batches are levelled: the same count is re-packed under a
+//     lower cap or worst-fit, within a small row overhead, so that the micro-batches of
+//     every rank are alike and lockstep passes wait on no straggler (level).
+func pack(units []unit, budget int64, dp int, passCost float64, w weight) ([]piece, []bin, error) {
 	var parts []*part
 	for start := 0; start < len(units); {
 		end := start + 1
@@ -86,6 +93,10 @@ func pack(units []unit, budget int64, dp int) ([]piece, []bin, error) {
 		} else {
 			drafts = append(drafts, make([]*binDraft, up-n)...)
 		}
+	}
+	drafts = splitPack(parts, drafts, budget, dp, passCost)
+	if dp > 1 {
+		drafts = level(parts, drafts, budget, dp, passCost > 0, w)
 	}
 	var pieces []piece
 	bins := make([]bin, len(drafts))
@@ -302,6 +313,243 @@ func repack(parts []*part, budget int64, n int) ([]*binDraft, bool) {
 		}
 	}
 	return ds, true
+}
+
+// draftRows is the rows the drafts hold, paths included.
+func draftRows(ds []*binDraft) int64 {
+	var rows int64
+	for _, d := range ds {
+		if d != nil {
+			rows += d.rows
+		}
+	}
+	return rows
+}
+
+// splitPack returns the plan of least rows + passCost × micro-batches among drafts and
+// re-packs of the parts into dp, 2dp, ... fewer micro-batches, down to the floor
+// ceil(rows/budget). A re-pack may split any piece, a tree that fits the budget included.
+// With passCost 0 a split never pays (it only adds path rows), so drafts stand.
+func splitPack(parts []*part, drafts []*binDraft, budget int64, dp int, passCost float64) []*binDraft {
+	if passCost <= 0 || len(drafts) <= dp {
+		return drafts
+	}
+	var total int64
+	for _, p := range parts {
+		total += p.rows
+	}
+	floor := (total + budget - 1) / budget
+	best, bestCost := drafts, float64(draftRows(drafts))+passCost*float64(len(drafts))
+	for n := len(drafts) - dp; n > 0 && int64(n) >= floor; n -= dp {
+		ds, ok := splitRepack(parts, budget, n, true)
+		if !ok {
+			break
+		}
+		if c := float64(draftRows(ds)) + passCost*float64(n); c < bestCost {
+			best, bestCost = ds, c
+		}
+	}
+	return best
+}
+
+// levelOverhead is the most rows, as a fraction of the plan's, that levelling may add by
+// splitting pieces to even out the micro-batches. A levelled plan is taken only when its
+// lockstep cost (the wall time of ranks running micro-batch k together, the added rows
+// included) is lower, so the cap only bounds what the pass-cost objective may lose: on
+// the TRL comparison's corpora levelling adds at most ~3.5% rows where it takes a
+// lockstep imbalance from 1.13 to 1.04 (docs/batcher.md).
+const levelOverhead = 0.05
+
+// weight is a micro-batch's rank-balancing cost from its rows and Σ(depth+1) (Config.cost
+// without the padding).
+type weight struct{ row, attn float64 }
+
+func (w weight) of(d *binDraft) float64 {
+	if d == nil {
+		return 0
+	}
+	var attn float64
+	for _, p := range d.parts {
+		attn += p.attn
+	}
+	return w.row*float64(d.rows) + w.attn*attn
+}
+
+// lockstepCost is the cost a lockstep run of the drafts waits on: sorted heaviest first and
+// cut into rows of dp (as balance assigns them), Σ over rows of the heaviest.
+func lockstepCost(ds []*binDraft, dp int, w weight) float64 {
+	costs := make([]float64, len(ds))
+	for i, d := range ds {
+		costs[i] = w.of(d)
+	}
+	slices.SortFunc(costs, func(a, b float64) int { return cmp.Compare(b, a) })
+	var t float64
+	for k := 0; k < len(costs); k += dp {
+		t += costs[k]
+	}
+	return t
+}
+
+// level re-packs the drafts' parts into as many micro-batches so that they come out alike
+// and lockstep micro-batch k of every rank waits on none: worst-fit (each part into the
+// emptiest micro-batch, split when it fits there only in part), and best-fit under caps
+// found by bisection between the mean and the heaviest micro-batch. Of the plans that add
+// at most levelOverhead rows, the one of least lockstepCost wins. With split false, no tree
+// that fits the budget is split.
+func level(parts []*part, drafts []*binDraft, budget int64, dp int, split bool, w weight) []*binDraft {
+	n := len(drafts)
+	if n < 2*dp {
+		return drafts
+	}
+	rows := draftRows(drafts)
+	limit := rows + int64(float64(rows)*levelOverhead)
+	best, bestT := drafts, lockstepCost(drafts, dp, w)
+	try := func(ds []*binDraft, ok bool) bool {
+		if !ok || draftRows(ds) > limit {
+			return false
+		}
+		if t := lockstepCost(ds, dp, w); t < bestT {
+			best, bestT = ds, t
+		}
+		return true
+	}
+	try(worstFitSplit(parts, budget, n, split, w))
+	var heaviest int64
+	for _, d := range drafts {
+		if d != nil {
+			heaviest = max(heaviest, d.rows)
+		}
+	}
+	lo, hi := (rows+int64(n)-1)/int64(n), heaviest
+	for lo < hi && hi-lo > max(1, lo/200) {
+		mid := (lo + hi) / 2
+		if try(splitRepack(parts, mid, n, split)) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return best
+}
+
+// worstFitSplit puts each part, largest first, into the lightest of n drafts by weight,
+// or when it does not fit there whole, its units where they add the fewest rows (split
+// further when split is set).
+func worstFitSplit(parts []*part, budget int64, n int, split bool, w weight) ([]*binDraft, bool) {
+	ds := make([]*binDraft, n)
+	load := make([]float64, n)
+	for i := range ds {
+		ds[i] = &binDraft{}
+	}
+	for _, p := range parts {
+		e := 0
+		for i := range ds {
+			if load[i] < load[e] {
+				e = i
+			}
+		}
+		if ds[e].rows+p.rows <= budget {
+			cp := *p
+			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
+			ds[e].rows += p.rows
+			ds[e].parts = append(ds[e].parts, &cp)
+			load[e] = w.of(ds[e])
+			continue
+		}
+		if ds[e].rows+p.rows <= budget {
+			cp := *p
+			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
+			ds[e].rows += p.rows
+			ds[e].parts = append(ds[e].parts, &cp)
+			continue
+		}
+		for _, u := range p.units {
+			if !placeSplit(ds, u, budget, split) {
+				return nil, false
+			}
+		}
+		for i := range ds {
+			load[i] = w.of(ds[i])
+		}
+	}
+	return ds, true
+}
+
+// splitRepack fits the parts into exactly n drafts of at most budget rows: each part
+// best-fit whole, or else broken into its units, each placed where it adds the fewest
+// path rows; a unit that fits nowhere is split at its top node into its children's
+// subtrees, recursively. Parts are copied, so a failed attempt leaves them as they were.
+func splitRepack(parts []*part, budget int64, n int, split bool) ([]*binDraft, bool) {
+	ds := make([]*binDraft, n)
+	for i := range ds {
+		ds[i] = &binDraft{}
+	}
+	// order holds the drafts fullest first, ties by index, so the fullest draft a part fits
+	// is a binary search away.
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	less := func(a, b int) int {
+		if c := cmp.Compare(ds[b].rows, ds[a].rows); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	}
+	for _, p := range parts {
+		k := sort.Search(len(order), func(k int) bool { return ds[order[k]].rows+p.rows <= budget })
+		if k < len(order) {
+			best := order[k]
+			// The fullest that fits may tie with drafts after it; the lowest index wins.
+			for j := k + 1; j < len(order) && ds[order[j]].rows == ds[best].rows; j++ {
+				best = min(best, order[j])
+			}
+			at := slices.Index(order, best)
+			order = slices.Delete(order, at, at+1)
+			cp := *p
+			cp.units, cp.onPath = slices.Clone(p.units), maps.Clone(p.onPath)
+			ds[best].rows += p.rows
+			ds[best].parts = append(ds[best].parts, &cp)
+			at, _ = slices.BinarySearchFunc(order, best, less)
+			order = slices.Insert(order, at, best)
+			continue
+		}
+		for _, u := range p.units {
+			if !placeSplit(ds, u, budget, split) {
+				return nil, false
+			}
+		}
+		slices.SortFunc(order, less)
+	}
+	return ds, true
+}
+
+// placeSplit places u whole where it adds the fewest rows, or else its top node's
+// children's subtrees, largest first, each beside the path down to it.
+func placeSplit(ds []*binDraft, u *unit, budget int64, split bool) bool {
+	if _, ok := placeUnit(ds, u, budget, false); ok {
+		return true
+	}
+	if !split {
+		return false
+	}
+	l := u.lay
+	nd := &l.f.nodes[u.node]
+	if nd.first == none {
+		return false
+	}
+	path := u.above + int64(len(nd.tokens))
+	var kids []*unit
+	for c := nd.first; c != none; c = l.f.nodes[c].next {
+		kids = append(kids, &unit{lay: l, base: u.base, root: u.root, node: c, above: path, rows: l.subRows[c]})
+	}
+	slices.SortStableFunc(kids, func(a, b *unit) int { return cmp.Compare(b.rows, a.rows) })
+	for _, k := range kids {
+		if !placeSplit(ds, k, budget, true) {
+			return false
+		}
+	}
+	return true
 }
 
 // worstFit puts each part, largest first, into the emptiest of n drafts; ok is false when

@@ -9,8 +9,9 @@ import (
 	"github.com/floe-rl/floe/benchmarks/corpus"
 )
 
-// TestTreesThatFitAreNotSplit checks that cutting touches only trees larger than the
-// budget: a tree that fits lands whole in exactly one piece.
+// TestTreesThatFitAreNotSplit checks that, with no pass cost, cutting touches only trees
+// larger than the budget: a tree that fits lands whole in exactly one piece. (With a pass
+// cost a tree that fits may be split to save a pass: TestSplitSavesPasses.)
 func TestTreesThatFitAreNotSplit(t *testing.T) {
 	cc := corpus.Small()
 	cc.Groups = 6
@@ -36,6 +37,7 @@ func TestTreesThatFitAreNotSplit(t *testing.T) {
 	// A budget between the tree sizes, so that some trees fit and some are cut.
 	cfg.TokenBudget = int(sizes[len(sizes)/2]+7) / 8 * 8
 	cfg.DPSize = 3
+	cfg.PassCost = 0
 	st, err := Pack(1, recs, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -124,5 +126,68 @@ func TestBalanceFindsAnEvenSplit(t *testing.T) {
 	}
 	if loads[0] != 18 || loads[1] != 18 {
 		t.Fatalf("rank loads %v, want [18 18]", loads)
+	}
+}
+
+// TestSplitSavesPasses checks the pass cost on corpus steps: every plan costs at most what
+// the plan with no pass cost costs under the same c (rows + c × micro-batches), levelling's
+// row overhead aside, some plan saves passes, and with dp > 1 the ranks are even in
+// lockstep where each gets ≥ 4. The lockstep bound is checked at B = 4096: this corpus's
+// group trees hold 1.5–3k rows, so at B ≤ 2048 a micro-batch holds one or two pieces and
+// evening them out would take splits that forward more than levelOverhead extra rows.
+func TestSplitSavesPasses(t *testing.T) {
+	cc := corpus.Small()
+	cc.Groups = 8
+	saved := 0
+	for seed := int64(1); seed <= 4; seed++ {
+		groups, err := corpus.Generate(cc, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, budget := range []int{1024, 2048, 4096} {
+			for _, dp := range []int{1, 2, 4} {
+				cfg := DefaultConfig()
+				cfg.PadMultiple, cfg.TokenBudget, cfg.DPSize, cfg.PassCost = 16, budget, dp, 0
+				base, err := FormStep(1, groups, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, c := range []float64{float64(budget) / 64, float64(budget) / 8} {
+					cfg.PassCost = c
+					st, err := FormStep(1, groups, cfg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cost := func(s *Step) float64 { return float64(s.Stats.Rows) + c*float64(s.Stats.MicroBatches) }
+					if cost(st) > cost(base)*(1+levelOverhead) {
+						t.Errorf("seed %d B %d dp %d c %v: cost %v (%d rows, %d passes) above no-split %v (%d rows, %d passes)",
+							seed, budget, dp, c, cost(st), st.Stats.Rows, st.Stats.MicroBatches, cost(base), base.Stats.Rows, base.Stats.MicroBatches)
+					}
+					if st.Stats.MicroBatches < base.Stats.MicroBatches {
+						saved++
+					}
+					if dp > 1 && budget >= 4096 && st.Stats.MicroBatches >= 4*dp && st.Stats.LockstepImbalance > 1.05 {
+						t.Errorf("seed %d B %d dp %d c %v: lockstep imbalance %.3f over %d micro-batches",
+							seed, budget, dp, c, st.Stats.LockstepImbalance, st.Stats.MicroBatches)
+					}
+				}
+			}
+		}
+	}
+	if saved == 0 {
+		t.Fatal("no plan saved a pass")
+	}
+}
+
+// TestBalanceIsLockstep checks that micro-batch k of every rank is alike: bins of sorted
+// costs land in rows of dp.
+func TestBalanceIsLockstep(t *testing.T) {
+	costs := []float64{10, 1, 9, 2, 10, 1, 9, 2}
+	ranks := balance(costs, 2)
+	for k := range ranks[0] {
+		a, b := costs[ranks[0][k]], costs[ranks[1][k]]
+		if a != b {
+			t.Fatalf("micro-batch %d costs %v on rank 0 and %v on rank 1; want alike (%v)", k, a, b, ranks)
+		}
 	}
 }

@@ -59,6 +59,9 @@ type Stats struct {
 	MicroBatches   int
 	Fill           float64 // Rows / (MicroBatches × TokenBudget)
 	Imbalance      float64 // heaviest rank cost / mean rank cost
+	// LockstepImbalance is Σ_k max_r cost(rank r's micro-batch k) / Σ_k mean_r of the
+	// same: how much longer ranks that run micro-batch k together take than even ones.
+	LockstepImbalance float64
 }
 
 // Step is a formed training step: every rank's micro-batches and the sample table. It
@@ -228,7 +231,7 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 	if len(units) == 0 {
 		return nil, fmt.Errorf("step %d: %w: its %d groups hold no trainable call", n, ErrNothingToTrain, len(groups))
 	}
-	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize)
+	pieces, bins, err := pack(units, int64(cfg.TokenBudget), cfg.DPSize, cfg.PassCost, weight{cfg.RowCost, cfg.AttnCost})
 	if err != nil {
 		return nil, fmt.Errorf("step %d: %w", n, err)
 	}
@@ -261,6 +264,15 @@ func Pack(n int64, groups []*Reconstructed, cfg Config) (*Step, error) {
 	}
 	if total > 0 {
 		st.Stats.Imbalance = slices.Max(rankCost) / (total / float64(len(rankCost)))
+		var slowest float64
+		for k := range st.Ranks[0] {
+			var m float64
+			for r := range st.Ranks {
+				m = max(m, st.Ranks[r][k].Cost)
+			}
+			slowest += m
+		}
+		st.Stats.LockstepImbalance = slowest / (total / float64(len(rankCost)))
 	}
 	var loss int64
 	for i := range st.Samples {

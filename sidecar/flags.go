@@ -102,6 +102,7 @@ var serveFlags = []struct {
 		fs.StringVar(&c.FlightTokenFile, n, c.FlightTokenFile,
 			"file holding the bearer token every Flight call must carry (default: $"+FlightTokenEnv+"; none: no token, loopback only)")
 	}},
+	{batcher.FlagPassCost, registerBatcherFlag},
 	{"flight-token", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.FlightToken, n, c.FlightToken,
 			"require this bearer token on every Flight call (deprecated: other users can read a command line; use -flight-token-file or $"+FlightTokenEnv+")")

@@ -77,7 +77,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 	all := []string{"advantage", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",
 		"flight-addr", "flight-token", "flight-token-file", "gpu-memory", "group-size", "group-timeout", "groups-per-step",
-		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "proxy-addr",
+		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "pass-cost", "proxy-addr",
 		"sampling", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight",

@@ -25,6 +25,8 @@ commands:
   report    write REPORT.md and plots from the runs floe-bench e2e recorded
   proxy     measure the proxy's added latency and concurrent throughput against a
             zero-latency fake inference server
+  trl       floe's half of the comparison with TRL's tree packing: write a corpus's
+            calls for benchmarks/trl_bench.py and pack them with floe (make bench-trl)
   version   print the version
 
 Run 'floe-bench <command> -h' for a command's flags.
@@ -49,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runReport(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		err = runProxy(ctx, args[1:], stdout, stderr)
+	case "trl":
+		err = runTRL(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "floe-bench", cli.Version())
 	case "help":
