@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+# torch.compile's kernel cache defaults to one directory per user under /tmp, shared by
+# every checkout on the machine: two test runs compiling the same FlexAttention kernel at
+# once were seen to break each other's C++ build. Each checkout keeps its own (ignored
+# by git, reused across runs).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[2] / ".venv" / "torchinductor-cache"))
 
 import numpy as np
 import pyarrow as pa
