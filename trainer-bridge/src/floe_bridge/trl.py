@@ -53,6 +53,8 @@ __all__ = [
     "NoWeightTransfer",
     "FloeAsyncGRPOTrainer",
     "register_cpu_tree_attention",
+    "use_cpu_tree_attention",
+    "tree_terms",
     "cpu_tree_attention",
     "TREE_ATTENTION",
 ]
@@ -297,6 +299,33 @@ def register_cpu_tree_attention() -> None:
     AttentionMaskInterface.register(TREE_ATTENTION, lambda **kwargs: None)
 
 
+def use_cpu_tree_attention() -> None:
+    """Make ``AsyncGRPOTrainer`` run on a machine without CUDA (tests, CPU examples).
+
+    TRL 1.16's trainer registers its FA3 tree attention in ``__init__`` (the kernel comes
+    from the Hugging Face Hub and needs a GPU) and asks CUDA for the device's peak FLOPs
+    unconditionally. This rebinds, in ``trl.experimental.async_grpo.async_grpo_trainer``,
+    ``register_tree_attention`` to :func:`register_cpu_tree_attention` (SDPA, same
+    semantics, same name ``tree_fa3``) and ``get_peak_flops_per_device`` to answer None (no
+    MFU metric) off CUDA. Nothing else of TRL changes; the loss is TRL's."""
+    import torch
+    from trl.experimental.async_grpo import async_grpo_trainer as agt
+
+    register_cpu_tree_attention()
+    agt.register_tree_attention = register_cpu_tree_attention
+    orig = agt.get_peak_flops_per_device
+    if getattr(orig, "_floe_cpu", False):
+        return
+
+    def peak_flops(accelerator: Any, dtype: str) -> float | None:
+        if accelerator.device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        return orig(accelerator, dtype)  # type: ignore[no-any-return]
+
+    peak_flops._floe_cpu = True  # type: ignore[attr-defined]
+    agt.get_peak_flops_per_device = peak_flops
+
+
 # --- the rollout worker ------------------------------------------------------------------
 
 
@@ -447,6 +476,7 @@ class FloeRolloutWorker:
                     return
                 self._client.commit(step)
                 self.steps_committed.append(step)
+                log.info("floe step %d: %d samples handed to TRL, committed", step, len(samples))
                 try:
                     st = self._client.status()
                     drops = st.get("dropped_groups") or []
