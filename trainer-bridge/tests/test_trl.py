@@ -385,3 +385,90 @@ def _placeholder() -> Any:
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]]})
+
+
+class _SlowTransfer(NoWeightTransfer):
+    """An inner backend whose transfer takes a while and records when it ran."""
+
+    def __init__(self, during: Callable[[], None]) -> None:
+        self.during = during
+        self.times: dict[str, float] = {}
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        self.times["send_start"] = time.monotonic()
+        self.during()
+        time.sleep(1.5)
+        self.times["send_end"] = time.monotonic()
+
+
+def test_weight_sync_pauses_floe_around_the_transfer(floe_serve: Callable[..., Floe]) -> None:
+    """A call in flight when the sync starts completes before the transfer; a call that
+    arrives during the transfer waits for resume and is stamped with the new version."""
+    floe = floe_serve()
+    done: dict[str, float] = {}
+    sess = {k: floe.new_session(f"w{k}", 2) for k in ("a", "b")}
+    msgs = [{"role": "user", "content": "Write a long story about a compiler."}]
+
+    def call(k: str, n: int) -> None:
+        chat(sess[k], msgs, n)
+        done[k] = time.monotonic()
+
+    threads: list[threading.Thread] = []
+
+    def during() -> None:
+        t = threading.Thread(target=call, args=("b", 4))
+        t.start()
+        threads.append(t)
+        time.sleep(0.5)
+        assert "b" not in done, "a call went upstream during the weight transfer"
+
+    inner = _SlowTransfer(during)
+    wt = FloeWeightTransfer(inner, floe.flight)
+    ta = threading.Thread(target=call, args=("a", 600))
+    ta.start()
+    with FloeClient(floe.flight, rank=0, world_size=None) as c:  # wait until a is upstream
+        deadline = time.monotonic() + 30
+        while c.status()["inflight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert "a" not in done, "the in-flight call finished too early to test anything"
+    wt.pause()
+    t_paused = time.monotonic()
+    wt.send_weights(iter(()))
+    wt.resume()
+    t_resumed = time.monotonic()
+    ta.join(60)
+    threads[0].join(60)
+    assert done["a"] <= t_paused <= inner.times["send_start"]
+    assert done["b"] >= t_resumed >= inner.times["send_end"]
+    versions = {k: [c["policy_version"] for c in floe.session(s["session_id"])["calls"]] for k, s in sess.items()}
+    assert versions == {"a": [0], "b": [1]}
+    assert wt.policy_version == 1
+
+
+def test_floe_packed_rows_train_async_grpo_trainer(
+    floe_serve: Callable[..., Floe], model_dir: tuple[str, Any], tmp_path: Path
+) -> None:
+    """FloeAsyncGRPOTrainer: TRL's loss on floe's own packing (to_trl_tree of each floe
+    micro-batch), 2 steps; every loss term is a per-request term, each step committed."""
+    from floe_bridge.trl import FloeAsyncGRPOTrainer
+
+    use_cpu_tree_attention()
+    floe = floe_serve()
+    drive(floe, groups=3)
+    advantages: dict[str, float] = {}
+    with FloeClient(floe.flight, rank=0, world_size=None) as c:
+        for step in (0, 1):
+            t = c.read_samples(step).to_pydict()
+            advantages.update(zip(t["session_id"], t["advantage"], strict=True))
+    path, tok = model_dir
+    trainer = FloeAsyncGRPOTrainer(
+        path, flight_uri=floe.flight, args=_trainer_args(tmp_path / "out"), processing_class=tok,
+    )
+    rec = Recorder(trainer)
+    out = trainer.train()
+    assert trainer.state.global_step == 2 and trainer.floe_committed == [0, 1]
+    assert np.isfinite(out.training_loss)
+    _check_terms(rec, floe, advantages)
+    # floe's layout, not TRL's: each batch forwards exactly floe's real rows
+    with FloeClient(floe.flight, rank=0, world_size=None) as c:
+        assert c.status()["committed"] == 2

@@ -639,12 +639,14 @@ class _FloeBatches:
         client: FloeClient = t.floe_client
         ga = t.args.gradient_accumulation_steps
         world = t.accelerator.num_processes
+        n: int | None = None
         while True:
             t0 = time.monotonic()
             try:
-                info = client.step_info(timeout=t.floe_timeout)
+                info = client.step_info(n, timeout=t.floe_timeout)
             except StepNotFound:
                 return
+            n = info.step + 1  # read ahead by the dataloader: the step is not committed yet
             steps = [client.read_step(info.step, rank=r, timeout=t.floe_timeout) for r in range(info.num_ranks)]
             if info.num_ranks != world or info.micro_batches_per_rank != ga:
                 raise FloeError(
@@ -656,9 +658,9 @@ class _FloeBatches:
             # TRL divides each micro-batch's term sum by global_n_tokens / world_size and by the
             # accumulation steps; L / ga makes the step's loss floe's token-mean over the step.
             g = info.loss_tokens_global / ga
+            t.floe_pending.append(info.step)  # one optimizer step trains it; committed after it
             for k in range(ga):
                 yield _collate([to_trl_tree(s.micro_batches[k]) for s in steps], t.processing_class.pad_token_id, g)
-            t.floe_pending_commit = info.step
 
 
 def _make_trainer_class() -> Any:
@@ -693,7 +695,7 @@ def _make_trainer_class() -> Any:
             self.floe_client = FloeClient(flight_uri, floe_token, rank=0, world_size=None, timeout=floe_timeout)
             self.floe_timeout = floe_timeout
             self.floe_wait_s = 0.0
-            self.floe_pending_commit: int | None = None
+            self.floe_pending: list[int] = []  # floe steps handed to the dataloader, in order
             self.floe_committed: list[int] = []
             if weight_transfer is None:
                 weight_transfer = FloeWeightTransfer(NoWeightTransfer(), flight_uri, floe_token)
@@ -707,10 +709,11 @@ def _make_trainer_class() -> Any:
 
             class _Commit(TrainerCallback):  # type: ignore[misc]
                 def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                    if trainer.floe_pending_commit is not None and trainer.accelerator.is_main_process:
-                        trainer.floe_client.commit(trainer.floe_pending_commit)
-                        trainer.floe_committed.append(trainer.floe_pending_commit)
-                    trainer.floe_pending_commit = None
+                    # the optimizer step just taken trained the oldest floe step handed out
+                    if trainer.floe_pending and trainer.accelerator.is_main_process:
+                        step = trainer.floe_pending.pop(0)
+                        trainer.floe_client.commit(step)
+                        trainer.floe_committed.append(step)
 
             self.add_callback(_Commit())
 
