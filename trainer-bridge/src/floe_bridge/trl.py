@@ -521,7 +521,7 @@ class FloeWeightTransfer:
     the inner backend; ``resume`` resumes the inner backend, then floe under the next policy
     version, so every call is served and stamped by one set of weights. The version counts
     up from ``start_version`` once per sync, as ``AsyncGRPOTrainer.model_version`` does.
-    Uses the Flight token (``token`` or ``$FLOE_FLIGHT_TOKEN`` through ``FloeClient``)."""
+    Uses the Flight token ``token``, else ``FloeClient``'s default."""
 
     def __init__(
         self,
