@@ -49,7 +49,7 @@ $(VPY):
 
 $(STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade uv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test]' -e '$(REFSERVER)[test]'
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl]' -e '$(REFSERVER)[test]'
 	touch $@
 
 venv: $(STAMP)
@@ -100,12 +100,11 @@ bench-proxy:
 	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
 
 # floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
-# bench extra), on the same corpus calls, one core each; the before column is floe-bench
+# trl extra, which make venv installs), on the same corpus calls, one core each; the before column is floe-bench
 # built at TRL_BEFORE, the commit before the pass cost and lockstep balance.
 TRL_BEFORE ?= 47a5161
 TRL_WORK   ?= /tmp/floe-trl-bench
 bench-trl: venv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[bench]'
 	mkdir -p $(TRL_WORK)
 	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
 	rm -rf $(TRL_WORK)/before && git worktree prune && git worktree add -f --detach $(TRL_WORK)/before $(TRL_BEFORE)
