@@ -234,27 +234,13 @@ def floe_serve(floe_bin: Path, refserver: str, tmp_path: Path) -> Iterator[Calla
             args = [str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
                     "-data-dir", str(tmp_path / f"data-{len(procs.children)}"), "-upstream", refserver,
                     "-group-size", "2", "-groups-per-step", "1", "-steps-ahead", "2",
-                    "-token-budget", "4096", "-pad-multiple", "16"]
-            if "-control-addr" in _serve_help(floe_bin):
-                args += ["-control-addr", "127.0.0.1:0"]
+                    "-token-budget", "4096", "-pad-multiple", "16", "-control-addr", "127.0.0.1:0"]
             for k, v in flags.items():
                 args += [f"-{k.replace('_', '-')}", str(v)]
             _, addrs = procs.start_server("floe", args, 60)
-            return Floe(addrs["proxy"], addrs.get("control") or addrs["proxy"], addrs["flight"], [])
+            return Floe(addrs["proxy"], addrs["control"], addrs["flight"], [])
 
         yield start
-
-
-_help: dict[str, str] = {}
-
-
-def _serve_help(floe_bin: Path) -> str:
-    import subprocess
-
-    if "serve" not in _help:
-        p = subprocess.run([str(floe_bin), "serve", "-h"], capture_output=True, text=True, timeout=30)
-        _help["serve"] = p.stdout + p.stderr
-    return _help["serve"]
 
 
 def _trainer_args(out: Path, **kw: Any) -> Any:
