@@ -307,3 +307,28 @@ func (s Skewed) validate(name string, floor int) error {
 	}
 	return nil
 }
+
+// Presets are the names Preset knows, smallest first.
+const Presets = "small, cpu, medium or default"
+
+// Preset returns the named corpus configuration (Small, CPU, Medium or Default) with its
+// group count replaced by groups when groups > 0.
+func Preset(name string, groups int) (Config, error) {
+	var c Config
+	switch name {
+	case "small":
+		c = Small()
+	case "cpu":
+		c = CPU()
+	case "medium":
+		c = Medium()
+	case "default":
+		c = Default()
+	default:
+		return Config{}, fmt.Errorf("unknown corpus %q (want %s)", name, Presets)
+	}
+	if groups > 0 {
+		c.Groups = groups
+	}
+	return c, nil
+}

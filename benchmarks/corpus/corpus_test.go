@@ -508,3 +508,18 @@ func TestParsePromptReadsWhatTheGeneratorRendered(t *testing.T) {
 		}
 	}
 }
+
+func TestPreset(t *testing.T) {
+	for name, want := range map[string]Config{"small": Small(), "cpu": CPU(), "medium": Medium(), "default": Default()} {
+		got, err := Preset(name, 0)
+		if err != nil || got.Groups != want.Groups {
+			t.Errorf("Preset(%q, 0) = %d groups, %v; want %d", name, got.Groups, err, want.Groups)
+		}
+		if got, _ := Preset(name, 3); got.Groups != 3 {
+			t.Errorf("Preset(%q, 3) has %d groups", name, got.Groups)
+		}
+	}
+	if _, err := Preset("huge", 0); err == nil || !strings.Contains(err.Error(), Presets) {
+		t.Errorf("Preset(huge): %v, want an error listing the presets", err)
+	}
+}

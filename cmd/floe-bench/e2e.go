@@ -205,21 +205,9 @@ func (b *benchE2E) sessionsToReplay() ([]e2e.Session, string, error) {
 		ss, err := e2e.FromStore(b.dataDir)
 		return ss, "sessions recorded in " + b.dataDir, err
 	}
-	var cfg corpus.Config
-	switch b.corpus {
-	case "small":
-		cfg = corpus.Small()
-	case "medium":
-		cfg = corpus.Medium()
-	case "cpu":
-		cfg = corpus.CPU()
-	case "default":
-		cfg = corpus.Default()
-	default:
-		return nil, "", fmt.Errorf("-corpus %q: small, cpu, medium or default", b.corpus)
-	}
-	if b.groups > 0 {
-		cfg.Groups = b.groups
+	cfg, err := corpus.Preset(b.corpus, b.groups)
+	if err != nil {
+		return nil, "", fmt.Errorf("-corpus: %w", err)
 	}
 	// Broken upstream token data is the proxy's concern, not this benchmark's: every
 	// replayed call has its response.

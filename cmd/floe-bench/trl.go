@@ -76,21 +76,9 @@ func runTRL(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	runtime.GOMAXPROCS(1)
-	var cc corpus.Config
-	switch *name {
-	case "small":
-		cc = corpus.Small()
-	case "cpu":
-		cc = corpus.CPU()
-	case "medium":
-		cc = corpus.Medium()
-	case "default":
-		cc = corpus.Default()
-	default:
-		return fmt.Errorf("unknown corpus %q", *name)
-	}
-	if *groups > 0 {
-		cc.Groups = *groups
+	cc, err := corpus.Preset(*name, *groups)
+	if err != nil {
+		return err
 	}
 	data, err := corpus.Generate(cc, *seed)
 	if err != nil {

@@ -48,21 +48,9 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	var ccfg corpus.Config
-	switch *kind {
-	case "small":
-		ccfg = corpus.Small()
-	case "medium":
-		ccfg = corpus.Medium()
-	case "cpu":
-		ccfg = corpus.CPU()
-	case "default":
-		ccfg = corpus.Default()
-	default:
-		return fmt.Errorf("unknown corpus %q (want small, cpu, medium or default)", *kind)
-	}
-	if *groups > 0 {
-		ccfg.Groups = *groups
+	ccfg, err := corpus.Preset(*kind, *groups)
+	if err != nil {
+		return err
 	}
 	if err := cfg.Batcher.Validate(); err != nil {
 		return err
@@ -70,7 +58,6 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	if cfg.GroupsPerStep < 1 || *fold < 0 {
 		return fmt.Errorf("groups-per-step must be at least 1 and fold-vocab not negative")
 	}
-	var err error
 	var data []trace.Group
 	if *calls != "" {
 		data, err = jsonl.ReadGroups(*calls)
