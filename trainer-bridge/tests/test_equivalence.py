@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -553,7 +554,7 @@ def _adversarial_dump(tmp: Path) -> Path:
     root = Path(__file__).resolve().parents[2]
     out = tmp / "adversarial"
     out.mkdir()
-    env = {**__import__("os").environ, "FLOE_DUMP_ADVERSARIAL": str(out)}
+    env = {**os.environ, "FLOE_DUMP_ADVERSARIAL": str(out)}
     subprocess.run(["go", "test", "-count=1", "-run", "TestDumpAdversarialSteps", "./batcher/"], cwd=root, env=env,
                    check=True, capture_output=True, timeout=600)
     return out
