@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -30,6 +31,10 @@ type Limits struct {
 	// MaxInflight caps the model calls served at once (from reading the body to the end of
 	// the answer); a call past it is refused at once in its provider's overloaded shape.
 	MaxInflight int
+	// MaxInflightPerSession caps one session's calls served at once, so that one harness
+	// cannot take all of MaxInflight from the others. An agent makes one call at a time,
+	// or a few with parallel sub-agents.
+	MaxInflightPerSession int
 	// StoredRequestBytes bounds the caller's request as stored with each call
 	// (trace.Call.Request): a larger body keeps only its top-level fields of at most
 	// StoredFieldBytes, in order, up to this total, and says what it dropped under
@@ -49,12 +54,13 @@ const StoredFieldBytes = 64 << 10
 // context queued behind it (2m); a live harness reads its stream as it comes (2m).
 func DefaultLimits() Limits {
 	return Limits{
-		UpstreamConnect:    10 * time.Second,
-		UpstreamFirstByte:  10 * time.Minute,
-		UpstreamIdle:       2 * time.Minute,
-		ClientIdle:         2 * time.Minute,
-		MaxInflight:        1024,
-		StoredRequestBytes: 1 << 20,
+		UpstreamConnect:       10 * time.Second,
+		UpstreamFirstByte:     10 * time.Minute,
+		UpstreamIdle:          2 * time.Minute,
+		ClientIdle:            2 * time.Minute,
+		MaxInflight:           1024,
+		MaxInflightPerSession: 32,
+		StoredRequestBytes:    1 << 20,
 	}
 }
 
@@ -81,12 +87,13 @@ func (l Limits) withDefaults() Limits {
 		return v
 	}
 	return Limits{
-		UpstreamConnect:    dur(l.UpstreamConnect, d.UpstreamConnect),
-		UpstreamFirstByte:  dur(l.UpstreamFirstByte, d.UpstreamFirstByte),
-		UpstreamIdle:       dur(l.UpstreamIdle, d.UpstreamIdle),
-		ClientIdle:         dur(l.ClientIdle, d.ClientIdle),
-		MaxInflight:        num(l.MaxInflight, d.MaxInflight),
-		StoredRequestBytes: num(l.StoredRequestBytes, d.StoredRequestBytes),
+		UpstreamConnect:       dur(l.UpstreamConnect, d.UpstreamConnect),
+		UpstreamFirstByte:     dur(l.UpstreamFirstByte, d.UpstreamFirstByte),
+		UpstreamIdle:          dur(l.UpstreamIdle, d.UpstreamIdle),
+		ClientIdle:            dur(l.ClientIdle, d.ClientIdle),
+		MaxInflight:           num(l.MaxInflight, d.MaxInflight),
+		MaxInflightPerSession: num(l.MaxInflightPerSession, d.MaxInflightPerSession),
+		StoredRequestBytes:    num(l.StoredRequestBytes, d.StoredRequestBytes),
 	}
 }
 
@@ -138,6 +145,14 @@ func drainedError() *Error {
 func capacityError(max int) *Error {
 	return &Error{Kind: ErrCapacity, Message: fmt.Sprintf("floe is serving its maximum of %d concurrent calls; retry shortly", max)}
 }
+
+func sessionCapacityError(max int) *Error {
+	return &Error{Kind: ErrCapacity, Message: fmt.Sprintf("this API key already has its maximum of %d calls in flight; retry shortly", max)}
+}
+
+// unknownPathBodyBytes is as much of a request to a path floe does not serve as is read
+// to shape its 404.
+const unknownPathBodyBytes = 64 << 10
 
 // deadlineWriter sets a write deadline before each write to the caller, so that a
 // harness that stops reading its answer is dropped after Limits.ClientIdle instead of
@@ -213,5 +228,38 @@ func (c *inflight) acquire(max int) bool {
 func (c *inflight) release(max int) {
 	if max > 0 {
 		c.n.Add(-1)
+	}
+}
+
+// sessionInflight counts each session's calls in flight.
+type sessionInflight struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *sessionInflight) acquire(session string, max int) bool {
+	if max <= 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[session] >= max {
+		return false
+	}
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[session]++
+	return true
+}
+
+func (c *sessionInflight) release(session string, max int) {
+	if max <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[session]--; c.n[session] <= 0 {
+		delete(c.n, session)
 	}
 }

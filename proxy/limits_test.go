@@ -599,3 +599,65 @@ func TestSGLangFirstByteDeadline(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// TestNoSlotForAStrangerOrOneGreedySession: a caller without a live key is refused before
+// any of its body is read, so one that sends headers and then trickles nothing holds no
+// slot; and one session with MaxInflightPerSession calls in flight cannot take the last
+// slots from another session.
+func TestNoSlotForAStrangerOrOneGreedySession(t *testing.T) {
+	release := make(chan struct{})
+	held := make(chan struct{}, 8)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if !strings.Contains(r.URL.Path, "models") {
+			held <- struct{}{}
+			<-release
+		}
+		_, _ = io.WriteString(w, `{"id":"c","prompt_token_ids":[1],"choices":[{"index":0,"finish_reason":"stop","token_ids":[2],"logprobs":{"content":[{"logprob":-0.5}]},"message":{"role":"assistant","content":"ok"}}]}`)
+	}))
+	defer upstream.Close()
+	defer close(release)
+	store, px := limitsProxy(t, upstream.URL, proxy.Limits{MaxInflight: 3, MaxInflightPerSession: 2}, nil)
+	store.AddSession("k2", "s2")
+
+	// A stranger announces a body and never sends it: answered 401 at once.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(px, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nobody\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 401 ") {
+		t.Fatalf("a stranger trickling its body: %q %v; want 401 before the body", status, err)
+	}
+
+	call := func(key string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, px+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, "")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	codes := make(chan int, 3)
+	for range 2 {
+		go func() { c, _ := call("k"); codes <- c }()
+	}
+	<-held
+	<-held
+	if code, body := call("k"); code != 429 || !strings.Contains(body, "this API key already has") {
+		t.Fatalf("a session's third call: %d %s; want 429 naming the per-session cap", code, body)
+	}
+	// The other session still gets the last slot.
+	go func() { c, _ := call("k2"); codes <- c }()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("session s2's call did not reach upstream while s held its per-session maximum")
+	}
+}

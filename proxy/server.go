@@ -50,8 +50,9 @@ type Server struct {
 	// error's text, which the harness sees (so it must name no session or path).
 	Health func() error
 
-	slots    inflight
-	storeErr atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
+	slots        inflight
+	sessionSlots sessionInflight
+	storeErr     atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
 	// Sampling is the --sampling policy ("" is SamplingRecord).
 	Sampling SamplingPolicy
 }
@@ -168,25 +169,49 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.healthz(w)
 		return
 	}
-	if !s.slots.acquire(lim.MaxInflight) {
-		d, _ := s.route(r, nil)
-		if d == nil {
+	limit := s.MaxBodyBytes
+	if limit <= 0 {
+		limit = DefaultMaxBodyBytes
+	}
+	d, op := s.route(r, nil)
+	if op == opUnknown {
+		// A path floe does not serve: its 404 takes the shape the body points to, read only
+		// as far as that needs, and it holds no slot.
+		body, _ := readBody(raw, r, unknownPathBodyBytes, lim.ClientIdle)
+		if d, _ = s.route(r, body); d == nil {
 			d = s.fallbackDialect()
 		}
+		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
+		return
+	}
+	if d == nil {
+		d = s.fallbackDialect()
+	}
+	if op != opModels && r.Method != http.MethodPost {
+		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
+		return
+	}
+	// The key is checked before any slot is taken or any of the body is read: a caller
+	// without a live session's key holds nothing of floe, however slowly it sends.
+	session, aerr := s.authenticate(r)
+	if aerr != nil {
+		s.writeError(w, d, aerr)
+		return
+	}
+	// One session cannot take every slot: the others' calls still find room.
+	if !s.sessionSlots.acquire(session, lim.MaxInflightPerSession) {
+		w.Header().Set("Retry-After", "1")
+		s.writeError(w, d, sessionCapacityError(lim.MaxInflightPerSession))
+		return
+	}
+	defer s.sessionSlots.release(session, lim.MaxInflightPerSession)
+	if !s.slots.acquire(lim.MaxInflight) {
 		w.Header().Set("Retry-After", "1")
 		s.writeError(w, d, capacityError(lim.MaxInflight))
 		return
 	}
 	defer s.slots.release(lim.MaxInflight)
-	limit := s.MaxBodyBytes
-	if limit <= 0 {
-		limit = DefaultMaxBodyBytes
-	}
 	body, err := readBody(raw, r, limit, lim.ClientIdle)
-	d, op := s.route(r, body)
-	if d == nil {
-		d = s.fallbackDialect()
-	}
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -200,15 +225,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
-		return
-	}
-	if op == opUnknown || (op != opModels && r.Method != http.MethodPost) {
-		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
-		return
-	}
-	session, aerr := s.authenticate(r)
-	if aerr != nil {
-		s.writeError(w, d, aerr)
 		return
 	}
 	ctx := WithUpstreamTimeouts(r.Context(), lim.upstream())

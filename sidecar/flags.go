@@ -17,7 +17,7 @@ var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
 	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
-		"drain-timeout", "max-inflight", "sampling"}
+		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
 	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
@@ -141,6 +141,10 @@ var serveFlags = []struct {
 	{"drain-timeout", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.DurationVar(&c.DrainTimeout, n, c.DrainTimeout,
 			"a pause for a weight sync waits this long for calls in flight, then cuts them off (recorded untrainable) (negative: no limit)")
+	}},
+	{"max-inflight-per-session", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.IntVar(&c.ProxyLimits.MaxInflightPerSession, n, c.ProxyLimits.MaxInflightPerSession,
+			"most calls one session's key may have in flight, so one harness cannot take every -max-inflight slot (negative: no limit)")
 	}},
 	{"max-inflight", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.IntVar(&c.ProxyLimits.MaxInflight, n, c.ProxyLimits.MaxInflight,

@@ -80,7 +80,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "pass-cost", "proxy-addr",
 		"sampling", "steps-ahead", "strategy",
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
-	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight",
+	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight", "max-inflight-per-session",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
 	all = append(all, limits...)
 	sort.Strings(all)

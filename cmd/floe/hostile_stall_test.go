@@ -17,7 +17,8 @@ import (
 
 // TestHostileHarnessCannotStallFloe runs the real floe serve in front of an inference
 // server that hangs on the calls a hostile harness makes. The harness cannot take more
-// than -max-inflight calls (the next is refused at once in its provider's shape), cannot
+// than -max-inflight-per-session calls, so another session still gets a slot; past
+// -max-inflight the next call is refused at once in its provider's shape; it cannot
 // hold the trainer's weight sync past -drain-timeout (its calls are cut off and recorded
 // untrainable), and a hung upstream ends in a 504 at -upstream-first-byte-timeout.
 func TestHostileHarnessCannotStallFloe(t *testing.T) {
@@ -34,10 +35,10 @@ func TestHostileHarnessCannotStallFloe(t *testing.T) {
 	defer up.Close()
 	defer close(release)
 	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0", "-upstream", up.URL,
-		"-max-inflight", "2", "-drain-timeout", "1s", "-upstream-first-byte-timeout", "3s")
+		"-max-inflight", "3", "-max-inflight-per-session", "2", "-drain-timeout", "1s", "-upstream-first-byte-timeout", "3s")
 	s := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)
-	key := s["api_key"].(string)
-	call := func(text string) (int, string) {
+	other := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)
+	callAs := func(key, text string) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, f.proxy+"/v1/chat/completions",
 			strings.NewReader(fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":%q}]}`, text)))
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -49,6 +50,7 @@ func TestHostileHarnessCannotStallFloe(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	call := func(text string) (int, string) { return callAs(s["api_key"].(string), text) }
 	waitHeld := func(n int64) {
 		t.Helper()
 		for deadline := time.Now().Add(20 * time.Second); held.Load() != n; time.Sleep(10 * time.Millisecond) {
@@ -58,15 +60,22 @@ func TestHostileHarnessCannotStallFloe(t *testing.T) {
 		}
 	}
 
-	// Two calls hang upstream: the cap is reached, and the third is refused at once.
+	// The hostile session's two calls hang upstream; its third is refused at once, and
+	// the other session still gets the last slot; past that, -max-inflight refuses.
 	var wg sync.WaitGroup
-	codes := make([]int, 2)
+	codes := make([]int, 3)
 	for i := range 2 {
 		wg.Add(1)
 		go func() { defer wg.Done(); codes[i], _ = call(fmt.Sprintf("hang %d", i)) }()
 	}
 	waitHeld(2)
-	if code, body := call("one too many"); code != http.StatusTooManyRequests || !strings.Contains(body, "rate_limit_exceeded") {
+	if code, body := call("one too many"); code != http.StatusTooManyRequests || !strings.Contains(body, "this API key already has") {
+		t.Fatalf("a session's call past -max-inflight-per-session: %d %s; want 429", code, body)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); codes[2], _ = callAs(other["api_key"].(string), "the other session") }()
+	waitHeld(3)
+	if code, body := callAs(other["api_key"].(string), "one too many"); code != http.StatusTooManyRequests || !strings.Contains(body, "rate_limit_exceeded") {
 		t.Fatalf("a call past -max-inflight: %d %s; want 429 rate_limit_exceeded", code, body)
 	}
 
@@ -88,7 +97,7 @@ func TestHostileHarnessCannotStallFloe(t *testing.T) {
 			t.Fatalf("pause: %d", code)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the weight sync's pause is held by two hung calls past -drain-timeout 1s")
+		t.Fatal("the weight sync's pause is held by three hung calls past -drain-timeout 1s")
 	}
 	wg.Wait()
 	for i, code := range codes {
