@@ -51,7 +51,7 @@ func examine(store trace.GroupStore, id string, minVersion int64, cfg Config) (*
 			usable++
 		}
 	}
-	e := &examined{exam: plan.Examination{MinPolicyVersion: minVersion, UsableSessions: usable}, stale: stale}
+	e := &examined{exam: plan.Examination{UsableSessions: usable}, stale: stale}
 	rec, err := batcher.Reconstruct(&g, cfg.Batcher)
 	if err != nil {
 		e.exam.Invalid = err.Error()

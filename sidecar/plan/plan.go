@@ -40,12 +40,10 @@ func (p Policy) Validate() error {
 // cut-off it was examined with. None of it depends on the token budget, so a group is
 // examined again only when the cut-off rises past some of its trainable calls.
 type Examination struct {
-	// MinPolicyVersion is the staleness cut-off the group was reconstructed with.
-	MinPolicyVersion int64
 	// Invalid says why the group cannot be reconstructed ("" when it can).
 	Invalid string
-	// UsableSessions is how many sessions stay in the group after the failed-session
-	// policy.
+	// UsableSessions is how many of the group's sessions form its baseline (after the
+	// failed-session policy, those batcher.InBaseline counts).
 	UsableSessions int
 	// OldestTrainable is the oldest policy version among the calls left trainable;
 	// HasTrainable is false when none is.
