@@ -101,13 +101,13 @@ func body(size int, stream bool) string {
 	return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"%s"}]}`, stream, pad)
 }
 
-// call sends one request and reads the whole answer.
-func call(ctx context.Context, client *http.Client, url, payload string) error {
+// call sends one request with the API key key and reads the whole answer.
+func call(ctx context.Context, client *http.Client, url, key, payload string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(payload))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer bench")
+	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
@@ -132,8 +132,11 @@ func percentile(xs []time.Duration, p float64) float64 {
 func Run(ctx context.Context, opt Options) (*Report, error) {
 	up := httptest.NewServer(upstream(opt.StreamChunks))
 	defer up.Close()
+	// One session per concurrent caller, as harnesses are: each has its own key.
 	store := &mem.Store{}
-	store.AddSession("bench", "bench")
+	for i := 0; i < max(opt.Concurrency, 1); i++ {
+		store.AddSession(benchKey(i), benchKey(i))
+	}
 	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: discard{}, Gate: &proxy.Gate{}, Log: slog.New(slog.DiscardHandler)})
 	defer px.Close()
@@ -150,7 +153,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			// Alternate, so both see the same machine.
 			for _, target := range []string{up.URL, px.URL} {
 				t0 := time.Now()
-				if err := call(ctx, client, target, payload); err != nil {
+				if err := call(ctx, client, target, benchKey(0), payload); err != nil {
 					return nil, fmt.Errorf("%s to %s: %w", mode, target, err)
 				}
 				if target == up.URL {
@@ -179,7 +182,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil && time.Since(start) < opt.Duration {
-				err := call(ctx, client, px.URL, payload)
+				err := call(ctx, client, px.URL, benchKey(i), payload)
 				if ctx.Err() != nil {
 					return
 				}
@@ -195,6 +198,8 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	rep.PerSecond = float64(rep.Requests) / time.Since(start).Seconds()
 	return rep, nil
 }
+
+func benchKey(i int) string { return fmt.Sprintf("bench-%d", i) }
 
 // discard records nothing: the benchmark measures translation and forwarding.
 type discard struct{}
