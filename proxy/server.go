@@ -49,6 +49,10 @@ type Server struct {
 	// Health, when set, is asked by /healthz; an error makes it answer 503 with the
 	// error's text, which the harness sees (so it must name no session or path).
 	Health func() error
+	// SessionHeader, when set, names the header every upstream call carries its session
+	// id in (never the API key), for a router in front of the replicas to keep a session
+	// on one of them.
+	SessionHeader string
 
 	slots        inflight
 	sessionSlots sessionInflight
@@ -227,7 +231,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
 		return
 	}
-	ctx := WithUpstreamTimeouts(r.Context(), lim.upstream())
+	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), session, s.SessionHeader)
 	switch op {
 	case opModels:
 		models, err := s.Engine.Models(ctx)
@@ -451,7 +455,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		defer leave()
 		ctx, version = c, v
 	}
-	upCtx := WithUpstreamTimeouts(ctx, lim.upstream())
+	upCtx := WithSession(WithUpstreamTimeouts(ctx, lim.upstream()), session, s.SessionHeader)
 	rec := func(res *Result, problem string) error {
 		// The caller's context, not the call's: a call the upstream finished is recorded
 		// even if a drain cut it off just after.

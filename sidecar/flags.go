@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/proxy"
@@ -15,8 +17,8 @@ import (
 // serves them all.
 var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
-	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "engine", "model", "open-sessions",
-		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
+	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "upstream-health-interval",
+		"upstream-session-header", "engine", "model", "open-sessions", "upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
 		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
@@ -52,8 +54,19 @@ var serveFlags = []struct {
 	{"flight-addr", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.FlightAddr, n, c.FlightAddr, "Flight address; port 0 picks one; unix:/path for a Unix socket")
 	}},
+	// The inference replicas: several URLs, each session sticking to one (docs/proxy.md,
+	// "Several inference replicas").
 	{"upstream", func(c *Config, fs *flag.FlagSet, n string) {
-		fs.StringVar(&c.Upstream, n, c.Upstream, "inference server base URL")
+		fs.Var(&upstreamValue{c: c}, n,
+			"inference server base URL; several replicas: comma-separated or the flag repeated (a session's calls stick to one, failing over when it is down)")
+	}},
+	{"upstream-health-interval", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.DurationVar(&c.UpstreamHealthInterval, n, c.UpstreamHealthInterval,
+			"check every -upstream replica's GET /health this often; a failing one takes no sessions until it passes again (negative: no checks)")
+	}},
+	{"upstream-session-header", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.UpstreamSessionHeader, n, c.UpstreamSessionHeader,
+			"header each upstream call carries its session id in (never the API key), for a router's session affinity; empty: none")
 	}},
 	{"engine", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.Engine, n, c.Engine, "inference engine: vllm or sglang")
@@ -215,4 +228,61 @@ func (v *budgetValue) Set(s string) error {
 	}
 	v.c.TokenBudgetAuto, v.c.Batcher.TokenBudget = false, n
 	return nil
+}
+
+// upstreamValue is -upstream: one URL or several, comma-separated, the flag repeatable.
+// The first value given replaces the default; later ones add replicas.
+type upstreamValue struct {
+	c   *Config
+	set bool
+}
+
+func (v *upstreamValue) String() string {
+	if v.c == nil { // the flag package's zero value, for help
+		return ""
+	}
+	return v.c.Upstream
+}
+
+func (v *upstreamValue) Set(s string) error {
+	if _, err := ParseUpstreams(s); err != nil {
+		return err
+	}
+	if v.set {
+		v.c.Upstream += "," + s
+	} else {
+		v.c.Upstream, v.set = s, true
+	}
+	return nil
+}
+
+// ParseUpstreams splits -upstream's value into its replicas' URLs: absolute http or
+// https URLs, none given twice. Its errors say what is wrong and name the flag.
+func ParseUpstreams(s string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, raw := range strings.Split(s, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			return nil, fmt.Errorf("-upstream %q: an empty URL (give base URLs separated by commas)", s)
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // its text would repeat the URL, credentials and all
+			}
+			return nil, fmt.Errorf("-upstream: a URL that does not parse: %w", err)
+		}
+		label := proxy.ReplicaLabel(raw)
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", label)
+		}
+		if seen[label] {
+			return nil, fmt.Errorf("-upstream %s is given twice", label)
+		}
+		seen[label] = true
+		out = append(out, raw)
+	}
+	return out, nil
 }

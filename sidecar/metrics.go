@@ -49,9 +49,17 @@ type Metrics struct {
 	trainerPeak              *prometheus.GaugeVec
 
 	gpuBusy, gpuPeak prometheus.Gauge // the last step's window; registered only with a GPU
+
+	// Per inference replica, labelled by its URL without credentials.
+	replicaCalls, replicaErrors, replicaFailovers *prometheus.CounterVec
+	replicaHealthy                               *prometheus.GaugeVec
+	replicaLatency                               *prometheus.HistogramVec
 }
 
-var _ proxy.Metrics = (*Metrics)(nil)
+var (
+	_ proxy.Metrics        = (*Metrics)(nil)
+	_ proxy.ReplicaMetrics = (*Metrics)(nil)
+)
 
 // State is what the metrics read at scrape time: the store's sessions and groups, the
 // READY buffer and the GPU monitor; a nil field is not collected.
@@ -95,6 +103,14 @@ func NewMetrics(st State) *Metrics {
 		Help: "Seconds a trainer rank spent on a step, from its reports.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 18)})
 	m.trainerPeak = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "floe_trainer_peak_memory_bytes",
 		Help: "Peak memory a trainer rank reported for its last step."}, []string{"rank"})
+	m.replicaCalls = f.counterVec("floe_replica_calls_total", "Upstream calls sent to each inference replica (a call that failed over counts on each replica it tried).", "upstream")
+	m.replicaErrors = f.counterVec("floe_replica_errors_total", "Upstream calls a replica failed: unreachable, a 5xx, a timeout or a broken stream.", "upstream")
+	m.replicaFailovers = f.counterVec("floe_replica_failovers_total", "Calls that left this replica for the next one of their session's order, before any of the answer reached the caller.", "upstream")
+	m.replicaHealthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "floe_replica_healthy",
+		Help: "1 while the replica passes its health checks and answers, 0 while it is down."}, []string{"upstream"})
+	m.replicaLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_replica_latency_seconds",
+		Help: "Latency of the upstream calls each replica answered.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"upstream"})
+	m.reg.MustRegister(m.replicaHealthy, m.replicaLatency)
 	m.reg.MustRegister(m.upstream, m.stepFormation, m.trainerWait, m.trainerStep, m.trainerPeak,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{st: st})
@@ -121,6 +137,33 @@ func (m *Metrics) Recorded(api string, trainable bool) {
 // Upstream implements proxy.Metrics.
 func (m *Metrics) Upstream(api string, latency time.Duration) {
 	m.upstream.WithLabelValues(api).Observe(latency.Seconds())
+}
+
+// ReplicaCalled implements proxy.ReplicaMetrics.
+func (m *Metrics) ReplicaCalled(upstream string, latency time.Duration, failed bool) {
+	m.replicaCalls.WithLabelValues(upstream).Inc()
+	if failed {
+		m.replicaErrors.WithLabelValues(upstream).Inc()
+	}
+	if latency > 0 {
+		m.replicaLatency.WithLabelValues(upstream).Observe(latency.Seconds())
+	}
+}
+
+// ReplicaFailover implements proxy.ReplicaMetrics.
+func (m *Metrics) ReplicaFailover(upstream string) { m.replicaFailovers.WithLabelValues(upstream).Inc() }
+
+// ReplicaHealth implements proxy.ReplicaMetrics.
+func (m *Metrics) ReplicaHealth(upstream string, healthy bool) {
+	v := 0.0
+	if healthy {
+		v = 1
+	}
+	m.replicaHealthy.WithLabelValues(upstream).Set(v)
+	// A replica's counters show from the start, at 0, so that a rate over them is defined.
+	m.replicaCalls.WithLabelValues(upstream)
+	m.replicaErrors.WithLabelValues(upstream)
+	m.replicaFailovers.WithLabelValues(upstream)
 }
 
 // SamplingOverridden implements proxy.SamplingMetrics.

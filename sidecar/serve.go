@@ -32,8 +32,14 @@ type Config struct {
 	ProxyAddr    string
 	ControlAddr  string
 	FlightAddr   string
-	Upstream     string
-	Engine       string // vllm or sglang
+	// Upstream is the inference replicas' base URLs, comma-separated (ParseUpstreams).
+	Upstream string
+	// UpstreamHealthInterval is how often each replica's GET /health is checked
+	// (negative: never); UpstreamSessionHeader names the header each upstream call
+	// carries its session id in, for a router's affinity ("": none).
+	UpstreamHealthInterval time.Duration
+	UpstreamSessionHeader  string
+	Engine                 string // vllm or sglang
 	Model        string // served model; empty: the first the upstream lists
 	DataDir      string
 	Batcher      batcher.Config
@@ -101,6 +107,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		ProxyAddr: "127.0.0.1:8700", ControlAddr: "127.0.0.1:8701", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
+		UpstreamHealthInterval: proxy.DefaultHealthInterval, UpstreamSessionHeader: DefaultUpstreamSessionHeader,
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
@@ -112,6 +119,9 @@ func DefaultConfig() Config {
 // Validate reports a configuration floe serve cannot run with.
 func (cfg Config) Validate() error {
 	if err := cfg.Batcher.Validate(); err != nil {
+		return err
+	}
+	if _, err := ParseUpstreams(cfg.Upstream); err != nil {
 		return err
 	}
 	if err := cfg.policy().Validate(); err != nil {
@@ -136,6 +146,39 @@ func (cfg Config) Validate() error {
 		return err
 	}
 	return CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
+}
+
+// DefaultUpstreamSessionHeader is the header upstream calls carry their session id in
+// by default: the one vLLM's routers read for session affinity (docs/proxy.md).
+const DefaultUpstreamSessionHeader = "X-Session-ID"
+
+// NewUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
+// -model): a proxy.Pool, whose Run the caller runs for the health checks.
+func NewUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
+	urls, err := ParseUpstreams(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	kind := cfg.Engine
+	if kind == "" {
+		kind = "vllm"
+	}
+	var rs []proxy.Replica
+	for _, u := range urls {
+		// Each engine asks its own replica for the served model (when -model is not
+		// given) on its first call: the replica that answers is a healthy one.
+		e, err := providers.NewEngine(kind, u, cfg.Model)
+		if err != nil {
+			return nil, fmt.Errorf("-engine: %w", err)
+		}
+		rs = append(rs, proxy.Replica{URL: u, Engine: e})
+	}
+	pool, err := proxy.NewPool(rs...)
+	if err != nil {
+		return nil, fmt.Errorf("-upstream: %w", err)
+	}
+	pool.HealthInterval, pool.Metrics, pool.Log = cfg.UpstreamHealthInterval, metrics, log
+	return pool, nil
 }
 
 // The environment variables floe reads its tokens from when no token file is given.
@@ -232,10 +275,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Engine == "" {
-		cfg.Engine = "vllm"
-	}
-	engine, err := providers.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
+	engine, err := NewUpstream(cfg, log, nil)
 	if err != nil {
 		return err
 	}
@@ -269,6 +309,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 			"budget", ctl.Budget())
 	}
 	metrics := NewMetrics(State{Store: store, Ready: rb, Monitor: mon})
+	engine.Metrics = metrics // before its Run: per-replica calls, failovers and health
 	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
 	steps.observer = cfg.Observer
 
@@ -292,7 +333,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling}
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, SessionHeader: cfg.UpstreamSessionHeader}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
@@ -313,6 +354,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	describe := func(st *Status) {
 		steps.describe(st)
 		st.DroppedGroups = former.droppedGroups()
+		st.Upstreams = engine.Status()
 		if u, err := store.Usage(); err == nil {
 			st.Store = &u // what the durable store holds and costs on disk
 		} else {
@@ -347,6 +389,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(mon.Run)
+	p.Go(engine.Run) // the replicas' health checks
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
@@ -384,3 +427,4 @@ func AnnounceJSON(w io.Writer) func(Addrs) {
 		fmt.Fprintln(w, string(b))
 	}
 }
+

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -30,6 +31,8 @@ type Status struct {
 	DroppedGroups []DroppedGroup `json:"dropped_groups,omitempty"`
 	// Reports holds each rank's last report, in rank order.
 	Reports []arrowflight.Report `json:"reports"`
+	// Upstreams are the inference replicas and their health, in -upstream's order.
+	Upstreams []proxy.ReplicaStatus `json:"upstreams,omitempty"`
 	// Store is what the durable store holds and costs on disk.
 	Store *bolt.Usage `json:"store,omitempty"`
 }

@@ -47,11 +47,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	eng, err := providers.NewEngine(cfg.Engine, cfg.Upstream, cfg.Model)
-	if err != nil {
-		return fmt.Errorf("-engine: %w", err)
-	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	eng, err := sidecar.NewUpstream(cfg, log, nil)
+	if err != nil {
+		return err
+	}
 	store := &mem.Store{}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
@@ -73,7 +73,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	srv := &proxy.Server{
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling,
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, SessionHeader: cfg.UpstreamSessionHeader,
 	}
 	if err := cfg.LoadTokens(os.Getenv); err != nil {
 		return err
@@ -93,10 +93,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
-	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstream", cfg.Upstream)
+	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstreams", eng.Status())
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	p := pool.New().WithContext(ctx).WithCancelOnError()
+	p.Go(eng.Run) // the replicas' health checks
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, lis) })
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, cs, cl) })
 	return p.Wait()

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -179,6 +180,26 @@ func (s *ServedModel) Get(ctx context.Context, fixed string, list func(context.C
 	return s.name, nil
 }
 
+// setSession names the call's session in the header the context asks for (a router's
+// affinity key), when it does.
+func setSession(ctx context.Context, hr *http.Request) {
+	if id, header := proxy.SessionFrom(ctx); id != "" && header != "" {
+		hr.Header.Set(header, id)
+	}
+}
+
+// unreachable is the error of a call that got no answer from the server at baseURL: a
+// proxy.UnreachableError, so that a replica pool fails over and marks the replica down.
+// The message names the server without the credentials its URL may hold.
+func unreachable(baseURL string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // its URL may hold credentials
+	}
+	return &proxy.UnreachableError{Err: &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
+		Message: fmt.Sprintf("the inference server at %s is unreachable: %v", proxy.ReplicaLabel(baseURL), err)}}
+}
+
 // PostJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
 // a refused connection or an error status; mapErr reads an error answer, so that each
 // engine can recognise its server's own wording.
@@ -202,6 +223,7 @@ func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: err.Error()}
 	}
 	hr.Header.Set("Content-Type", "application/json")
+	setSession(ctx, hr)
 	resp, err := c.Do(hr)
 	if err != nil {
 		if wd != nil {
@@ -215,10 +237,9 @@ func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []
 		}
 		var ne net.Error
 		if t.Connect > 0 && errors.As(err, &ne) && ne.Timeout() {
-			return nil, proxy.TimeoutError("did not accept a connection", t.Connect, "upstream-connect-timeout")
+			return nil, &proxy.UnreachableError{Err: proxy.TimeoutError("did not accept a connection", t.Connect, "upstream-connect-timeout")}
 		}
-		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
-			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
+		return nil, unreachable(baseURL, err)
 	}
 	if resp.StatusCode >= 300 {
 		defer cancel(nil)
@@ -357,10 +378,13 @@ func ListModels(ctx context.Context, c *http.Client, baseURL string, mapErr func
 	if err != nil {
 		return nil, fmt.Errorf("building the /v1/models request for %s: %w", baseURL, err)
 	}
+	setSession(ctx, hr)
 	resp, err := c.Do(hr)
 	if err != nil {
-		return nil, &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
-			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", baseURL, err)}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, unreachable(baseURL, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
