@@ -52,8 +52,8 @@ type Metrics struct {
 
 	// Per inference replica, labelled by its URL without credentials.
 	replicaCalls, replicaErrors, replicaFailovers *prometheus.CounterVec
-	replicaHealthy                               *prometheus.GaugeVec
-	replicaLatency                               *prometheus.HistogramVec
+	replicaHealthy                                *prometheus.GaugeVec
+	replicaLatency                                *prometheus.HistogramVec
 }
 
 var (
@@ -151,7 +151,9 @@ func (m *Metrics) ReplicaCalled(upstream string, latency time.Duration, failed b
 }
 
 // ReplicaFailover implements proxy.ReplicaMetrics.
-func (m *Metrics) ReplicaFailover(upstream string) { m.replicaFailovers.WithLabelValues(upstream).Inc() }
+func (m *Metrics) ReplicaFailover(upstream string) {
+	m.replicaFailovers.WithLabelValues(upstream).Inc()
+}
 
 // ReplicaHealth implements proxy.ReplicaMetrics.
 func (m *Metrics) ReplicaHealth(upstream string, healthy bool) {

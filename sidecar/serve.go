@@ -29,9 +29,9 @@ import (
 type Config struct {
 	// ProxyAddr is the agent-facing listener: the provider APIs and /healthz, nothing
 	// else. ControlAddr serves /floe/v1 and /metrics; FlightAddr the Flight service.
-	ProxyAddr    string
-	ControlAddr  string
-	FlightAddr   string
+	ProxyAddr   string
+	ControlAddr string
+	FlightAddr  string
 	// Upstream is the inference replicas' base URLs, comma-separated (ParseUpstreams).
 	Upstream string
 	// UpstreamHealthInterval is how often each replica's GET /health is checked
@@ -40,11 +40,11 @@ type Config struct {
 	UpstreamHealthInterval time.Duration
 	UpstreamSessionHeader  string
 	Engine                 string // vllm or sglang
-	Model        string // served model; empty: the first the upstream lists
-	DataDir      string
-	Batcher      batcher.Config
-	GroupSize    int // sessions per group when a session does not say
-	MinGroupSize int // a complete group with fewer usable sessions is dropped
+	Model                  string // served model; empty: the first the upstream lists
+	DataDir                string
+	Batcher                batcher.Config
+	GroupSize              int // sessions per group when a session does not say
+	MinGroupSize           int // a complete group with fewer usable sessions is dropped
 	// GroupsPerStep complete groups form one step.
 	GroupsPerStep int
 	StepsAhead    int
@@ -427,4 +427,3 @@ func AnnounceJSON(w io.Writer) func(Addrs) {
 		fmt.Fprintln(w, string(b))
 	}
 }
-
