@@ -245,14 +245,13 @@ func (v *upstreamValue) String() string {
 }
 
 func (v *upstreamValue) Set(s string) error {
+	if v.set {
+		s = v.c.Upstream + "," + s
+	}
 	if _, err := ParseUpstreams(s); err != nil {
 		return err
 	}
-	if v.set {
-		v.c.Upstream += "," + s
-	} else {
-		v.c.Upstream, v.set = s, true
-	}
+	v.c.Upstream, v.set = s, true
 	return nil
 }
 
@@ -272,7 +271,7 @@ func ParseUpstreams(s string) ([]string, error) {
 			if errors.As(err, &ue) {
 				err = ue.Err // its text would repeat the URL, credentials and all
 			}
-			return nil, fmt.Errorf("-upstream: a URL that does not parse: %w", err)
+			return nil, fmt.Errorf("-upstream: a URL that does not parse (%w): want an http:// or https:// base URL such as http://127.0.0.1:8000", err)
 		}
 		label := proxy.ReplicaLabel(raw)
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

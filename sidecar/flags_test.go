@@ -35,6 +35,20 @@ func TestRegisterFlagsParses(t *testing.T) {
 		{name: "sampling force", args: []string{"-sampling", "force"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingForce })},
 		{name: "sampling record", args: []string{"-sampling", "record"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingRecord })},
 		{name: "bad sampling", args: []string{"-sampling", "greedy"}, wantErr: `unknown sampling policy "greedy"`},
+		// Several inference replicas: comma-separated, the flag repeated, or both; the
+		// first value replaces the default.
+		{name: "one upstream", args: []string{"-upstream", "http://a:8000"}, want: with(func(c *Config) { c.Upstream = "http://a:8000" })},
+		{name: "upstreams comma-separated", args: []string{"-upstream", "http://a:8000,http://b:8000"},
+			want: with(func(c *Config) { c.Upstream = "http://a:8000,http://b:8000" })},
+		{name: "upstream repeated", args: []string{"-upstream", "http://a:8000,http://b:8000", "-upstream", "https://c/v"},
+			want: with(func(c *Config) { c.Upstream = "http://a:8000,http://b:8000,https://c/v" })},
+		{name: "upstream not a URL", args: []string{"-upstream", "127.0.0.1:8000"}, wantErr: `-upstream: a URL that does not parse (first path segment in URL cannot contain colon): want an http://`},
+		{name: "upstream without scheme", args: []string{"-upstream", "vllm-0:8000"}, wantErr: `-upstream invalid-url: want an http:// or https:// base URL`},
+		{name: "upstream with an empty URL", args: []string{"-upstream", "http://a:1,"}, wantErr: `-upstream "http://a:1,": an empty URL`},
+		{name: "upstream given twice", args: []string{"-upstream", "http://a:1", "-upstream", "http://a:1/"}, wantErr: `-upstream http://a:1 is given twice`},
+		{name: "upstream ftp", args: []string{"-upstream", "ftp://user:secret@a:1"}, wantErr: `-upstream ftp://a:1: want an http:// or https://`},
+		{name: "upstream health and session header", args: []string{"-upstream-health-interval", "1s", "-upstream-session-header", ""},
+			want: with(func(c *Config) { c.UpstreamHealthInterval, c.UpstreamSessionHeader = time.Second, "" })},
 		{
 			name: "proxy, batcher and step settings",
 			args: []string{"-proxy-addr", "127.0.0.1:0", "-upstream", "http://up", "-engine", "sglang", "-model", "m",
@@ -82,7 +96,8 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
 	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight", "max-inflight-per-session",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
-	all = append(all, limits...)
+	replicas := []string{"upstream-health-interval", "upstream-session-header"}
+	all = append(append(all, limits...), replicas...)
 	sort.Strings(all)
 	tests := []struct {
 		name  string
@@ -90,7 +105,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, sorted(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "sampling", "upstream"}, limits...))},
+		{"proxy", ProxyFlags, sorted(append(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "sampling", "upstream"}, limits...), replicas...))},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
 			[]string{"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead"}},
 	}
@@ -168,6 +183,8 @@ func TestValidateRefusesOpenControlAndFlight(t *testing.T) {
 		{"flight on all interfaces", func(c *Config) { c.FlightAddr = "0.0.0.0:8815" }, "-flight-addr"},
 		{"flight beyond loopback with a token", func(c *Config) { c.FlightAddr, c.FlightToken = "0.0.0.0:8815", "t" }, ""},
 		{"flight on a unix socket", func(c *Config) { c.FlightAddr = "unix:/tmp/floe.sock" }, ""},
+		{"upstream from a config file, not a URL", func(c *Config) { c.Upstream = "http://a:1,vllm-1" }, "-upstream invalid-url: want an http://"},
+		{"several upstreams", func(c *Config) { c.Upstream = "http://a:1, http://b:1" }, ""},
 		{"proxy beyond loopback", func(c *Config) { c.ProxyAddr = "0.0.0.0:8700" }, ""},
 		{"open sessions", func(c *Config) { c.OpenSessions = true }, "-open-sessions"},
 		{"non-finite reward bound", func(c *Config) { c.MaxAbsReward = math.Inf(1) }, "-max-abs-reward"},
