@@ -275,7 +275,9 @@ func ParseUpstreams(s string) ([]string, error) {
 		}
 		label := proxy.ReplicaLabel(raw)
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", label)
+			shown := *u
+			shown.RawQuery, shown.Fragment = "", ""
+			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", shown.Redacted())
 		}
 		if seen[label] {
 			return nil, fmt.Errorf("-upstream %s is given twice", label)
