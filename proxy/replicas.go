@@ -144,20 +144,30 @@ func (p *Pool) Order(session string) []string {
 }
 
 func (p *Pool) order(session string) []*replica {
-	rs := slices.Clone(p.replicas)
-	w := make(map[*replica]uint64, len(rs))
-	for _, r := range rs {
-		w[r] = weight(session, r.label)
+	if len(p.replicas) == 1 {
+		return p.replicas
 	}
-	slices.SortFunc(rs, func(a, b *replica) int {
+	type weighted struct {
+		r *replica
+		w uint64
+	}
+	ws := make([]weighted, len(p.replicas))
+	for i, r := range p.replicas {
+		ws[i] = weighted{r, weight(session, r.label)}
+	}
+	slices.SortFunc(ws, func(a, b weighted) int {
 		switch {
-		case w[a] > w[b]:
+		case a.w > b.w:
 			return -1
-		case w[a] < w[b]:
+		case a.w < b.w:
 			return 1
 		}
-		return strings.Compare(a.label, b.label)
+		return strings.Compare(a.r.label, b.r.label)
 	})
+	rs := make([]*replica, len(ws))
+	for i, x := range ws {
+		rs[i] = x.r
+	}
 	return rs
 }
 

@@ -27,6 +27,62 @@ func TestConnectTimeout(t *testing.T) {
 	if !errors.As(err, &e) || e.Kind != proxy.ErrTimeout || e.Status != 504 || !strings.Contains(e.Message, "upstream-connect-timeout") {
 		t.Fatalf("err %v; want a 504 timeout naming -upstream-connect-timeout", err)
 	}
+	// The request never reached the server: a replica pool fails over at once.
+	var un *proxy.UnreachableError
+	if !errors.As(err, &un) {
+		t.Errorf("err %T is not a proxy.UnreachableError", err)
+	}
+}
+
+// TestSessionHeaderAndUnreachable: a call names its session in the header its context
+// asks for (and in none when it asks for none); a server that refuses the connection
+// gives a proxy.UnreachableError whose message names it without its credentials.
+func TestSessionHeaderAndUnreachable(t *testing.T) {
+	got := make(chan http.Header, 4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		_, _ = w.Write([]byte(`{"data":[{"id":"m"}]}`))
+	}))
+	defer srv.Close()
+	for _, tc := range []struct{ header, want string }{{"X-Session-ID", "sess-1"}, {"X-SMG-Routing-Key", "sess-1"}, {"", ""}} {
+		ctx := proxy.WithSession(context.Background(), "sess-1", tc.header)
+		resp, err := PostJSON(ctx, Client, srv.URL, "/v1/chat/completions", []byte(`{}`), MapError)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		h := <-got
+		if tc.header != "" && h.Get(tc.header) != tc.want {
+			t.Errorf("header %s = %q, want %q", tc.header, h.Get(tc.header), tc.want)
+		}
+		if tc.header == "" && (h.Get("X-Session-ID") != "" || h.Get("Authorization") != "") {
+			t.Errorf("with no session header the call carries %v", h)
+		}
+		if _, err := ListModels(ctx, Client, srv.URL, MapError); err != nil {
+			t.Fatal(err)
+		}
+		if h := <-got; tc.header != "" && h.Get(tc.header) != tc.want {
+			t.Errorf("models: header %s = %q, want %q", tc.header, h.Get(tc.header), tc.want)
+		}
+	}
+
+	dead := httptest.NewServer(http.NotFoundHandler())
+	addr := dead.Listener.Addr().String()
+	dead.Close()
+	for _, call := range []func() error{
+		func() error {
+			_, err := PostJSON(context.Background(), Client, "http://user:secret@"+addr, "/v1/chat/completions", []byte(`{}`), MapError)
+			return err
+		},
+		func() error { _, err := ListModels(context.Background(), Client, "http://user:secret@"+addr, MapError); return err },
+	} {
+		err := call()
+		var un *proxy.UnreachableError
+		if !errors.As(err, &un) || un.Err.Status != http.StatusBadGateway || strings.Contains(err.Error(), "secret") ||
+			!strings.Contains(err.Error(), "http://"+addr+" is unreachable") {
+			t.Errorf("a refused connection: %T %v; want a 502 UnreachableError naming http://%s without its password", err, err, addr)
+		}
+	}
 }
 
 // TestEncodeRequestSplicesLargeStrings: a request whose messages carry large strings
