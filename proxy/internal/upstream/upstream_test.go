@@ -74,7 +74,10 @@ func TestSessionHeaderAndUnreachable(t *testing.T) {
 			_, err := PostJSON(context.Background(), Client, "http://user:secret@"+addr, "/v1/chat/completions", []byte(`{}`), MapError)
 			return err
 		},
-		func() error { _, err := ListModels(context.Background(), Client, "http://user:secret@"+addr, MapError); return err },
+		func() error {
+			_, err := ListModels(context.Background(), Client, "http://user:secret@"+addr, MapError)
+			return err
+		},
 	} {
 		err := call()
 		var un *proxy.UnreachableError
