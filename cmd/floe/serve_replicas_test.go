@@ -1,9 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -182,3 +188,84 @@ func (p *floeProc) metricsText(t *testing.T) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// TestProxyFailsOverBetweenReplicas: floe proxy takes several replicas by repeating
+// -upstream; with one of them dead from the start, every session's calls are answered.
+func TestProxyFailsOverBetweenReplicas(t *testing.T) {
+	live, err := fakevllm.Start(fakevllm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	dead, err := fakevllm.Start(fakevllm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.Stop()
+	args := []string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-open-sessions",
+		"-upstream", dead.URL, "-upstream", live.URL}
+	raw, _ := json.Marshal(args)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
+	}
+	var addrs struct{ Proxy string }
+	if err := json.Unmarshal([]byte(line), &addrs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		req, _ := http.NewRequest(http.MethodPost, addrs.Proxy+"/v1/chat/completions",
+			strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", fmt.Sprintf("Bearer key-%d", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d with a dead replica: %d %s\n%s", i, resp.StatusCode, body, logs.String())
+		}
+	}
+	if n := len(live.Calls()); n != 8 {
+		t.Errorf("the live replica saw %d sessions, want all 8", n)
+	}
+}
+
+// TestBadUpstreamIsRefused: floe serve and floe proxy refuse an -upstream that is not a
+// list of http(s) base URLs, naming the flag. (The flag package repeats the value as
+// given on the command line; floe's own part of the message masks its password.)
+func TestBadUpstreamIsRefused(t *testing.T) {
+	for _, tc := range []struct{ cmd, value, want string }{
+		{"serve", "127.0.0.1:8000", "-upstream"},
+		{"proxy", "http://a:1,,http://b:1", "an empty URL"},
+		{"serve", "http://a:1,http://a:1/", "-upstream http://a:1 is given twice"},
+		{"proxy", "ftp://u:secret@h:1", "-upstream ftp://u:xxxxx@h:1: want an http:// or https:// base URL"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := []string{tc.cmd, "-upstream", tc.value}
+		if tc.cmd == "serve" {
+			args = append(args, "-data-dir", t.TempDir())
+		}
+		code := run(context.Background(), args, &stdout, &stderr)
+		if code == 0 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("floe %s -upstream %q: exit %d, %s; want a refusal mentioning %q", tc.cmd, tc.value, code, stderr.String(), tc.want)
+		}
+	}
+}
+
