@@ -268,4 +268,3 @@ func TestBadUpstreamIsRefused(t *testing.T) {
 		}
 	}
 }
-
