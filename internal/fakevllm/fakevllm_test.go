@@ -3,6 +3,7 @@ package fakevllm
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -35,4 +36,64 @@ func TestHoldPlaysAHungServer(t *testing.T) {
 		t.Fatalf("%v %v", resp, err)
 	}
 	resp.Body.Close()
+}
+
+// TestServerStopsRestartsAndCounts: a stopped Server refuses connections; restarted, it
+// answers on the same URL; it counts each session's calls by SessionHeader, answers a
+// streamed call as SSE ending in [DONE], and /health follows SetHealthy.
+func TestServerStopsRestartsAndCounts(t *testing.T) {
+	s, err := Start(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// A fresh connection per call: a stopped server's connections are closed, so a kept
+	// one would fail with EOF rather than be refused.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	call := func(stream bool) (string, error) {
+		req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/chat/completions",
+			strings.NewReader(`{"stream":`+map[bool]string{true: "true", false: "false"}[stream]+`,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set(SessionHeader, "sess-1")
+		resp, err := client.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+	health := func() int {
+		resp, err := client.Get(s.URL + "/health")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if body, err := call(false); err != nil || !strings.Contains(body, `"ok 1"`) {
+		t.Fatalf("plain call: %q %v", body, err)
+	}
+	if body, err := call(true); err != nil || !strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.Contains(body, `"token_ids":[111]`) {
+		t.Fatalf("streamed call: %q %v", body, err)
+	}
+	if h := health(); h != 200 {
+		t.Errorf("/health %d", h)
+	}
+	s.SetHealthy(false)
+	if h := health(); h != 503 {
+		t.Errorf("/health after SetHealthy(false): %d", h)
+	}
+	s.Stop()
+	if _, err := call(false); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a call to a stopped server: %v, want connection refused", err)
+	}
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := call(false); err != nil {
+		t.Fatalf("a call after the restart: %v", err)
+	}
+	if got := s.Calls(); got["sess-1"] != 3 || len(got) != 1 {
+		t.Errorf("calls %v, want sess-1: 3", got)
+	}
 }
