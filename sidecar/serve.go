@@ -29,22 +29,16 @@ import (
 type Config struct {
 	// ProxyAddr is the agent-facing listener: the provider APIs and /healthz, nothing
 	// else. ControlAddr serves /floe/v1 and /metrics; FlightAddr the Flight service.
-	ProxyAddr   string
-	ControlAddr string
-	FlightAddr  string
-	// Upstream is the inference replicas' base URLs, comma-separated (ParseUpstreams).
-	Upstream string
-	// UpstreamHealthInterval is how often each replica's GET /health is checked
-	// (negative: never); UpstreamSessionHeader names the header each upstream call
-	// carries its session id in, for a router's affinity ("": none).
-	UpstreamHealthInterval time.Duration
-	UpstreamSessionHeader  string
-	Engine                 string // vllm or sglang
-	Model                  string // served model; empty: the first the upstream lists
-	DataDir                string
-	Batcher                batcher.Config
-	GroupSize              int // sessions per group when a session does not say
-	MinGroupSize           int // a complete group with fewer usable sessions is dropped
+	ProxyAddr    string
+	ControlAddr  string
+	FlightAddr   string
+	Upstream     string // the inference replicas' base URLs, comma-separated (ParseUpstreams)
+	Engine       string // vllm or sglang
+	Model        string // served model; empty: the first the upstream lists
+	DataDir      string
+	Batcher      batcher.Config
+	GroupSize    int // sessions per group when a session does not say
+	MinGroupSize int // a complete group with fewer usable sessions is dropped
 	// GroupsPerStep complete groups form one step.
 	GroupsPerStep int
 	StepsAhead    int
@@ -101,6 +95,12 @@ type Config struct {
 	// trainer scores each call at its temperature; force samples every call at T = 1,
 	// top_p = 1 and counts the overrides.
 	Sampling proxy.SamplingPolicy
+
+	// UpstreamHealthInterval is how often each replica's GET /health is checked
+	// (negative: never); UpstreamSessionHeader names the header each upstream call
+	// carries its session id in, for a router's affinity ("": none).
+	UpstreamHealthInterval time.Duration
+	UpstreamSessionHeader  string
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
