@@ -327,3 +327,42 @@ func TestReplicaHealthChecksRun(t *testing.T) {
 		t.Fatalf("the session did not come back: %d, %d calls", code, sick.Calls()["sess-0"])
 	}
 }
+
+// TestSessionHeaderNeverCarriesTheKey: upstream calls name their session in the session
+// header; a session opened by its first call (-open-sessions), whose id is its key, is
+// named by a digest, the same for each of its calls, never by the key.
+func TestSessionHeaderNeverCarriesTheKey(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up, err := fakevllm.Start(fakevllm.Options{OnCall: func(r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, r.Header.Get(fakevllm.SessionHeader))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	store := &mem.Store{}
+	store.AddSession("key-made", "sess-made")
+	ts := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: vllm.New(up.URL, "m"),
+		Sessions: store, Recorder: store, OpenSessions: true, Log: slog.New(slog.DiscardHandler), SessionHeader: fakevllm.SessionHeader})
+	defer ts.Close()
+	for _, key := range []string{"key-made", "sk-opened-by-its-call", "sk-opened-by-its-call"} {
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/chat/completions", strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", key, resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 || seen[0] != "sess-made" || seen[1] == "" || seen[1] != seen[2] || strings.Contains(seen[1], "opened") {
+		t.Errorf("session headers upstream %q: want sess-made, then one digest twice, never the key", seen)
+	}
+}

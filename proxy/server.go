@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -231,7 +233,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
 		return
 	}
-	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), session, s.SessionHeader)
+	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), upstreamSessionID(session, r), s.SessionHeader)
 	switch op {
 	case opModels:
 		models, err := s.Engine.Models(ctx)
@@ -266,6 +268,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.generate(w, r, d, req, session, storedRequest(body, lim.StoredRequestBytes), dw, lim)
+}
+
+// upstreamSessionID is how a call's session is named upstream (to a replica pool and in
+// the session header): its id, or, for a session whose id is its caller's key (one
+// opened by -open-sessions), a digest of it, since the key must never leave floe.
+func upstreamSessionID(session string, r *http.Request) string {
+	if session != key(r) {
+		return session
+	}
+	sum := sha256.Sum256([]byte("floe-session\x00" + session))
+	return "sess-" + hex.EncodeToString(sum[:12])
 }
 
 // readBody reads a request body of at most limit bytes: into one buffer of its
@@ -455,7 +468,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		defer leave()
 		ctx, version = c, v
 	}
-	upCtx := WithSession(WithUpstreamTimeouts(ctx, lim.upstream()), session, s.SessionHeader)
+	upCtx := WithSession(WithUpstreamTimeouts(ctx, lim.upstream()), upstreamSessionID(session, r), s.SessionHeader)
 	rec := func(res *Result, problem string) error {
 		// The caller's context, not the call's: a call the upstream finished is recorded
 		// even if a drain cut it off just after.
