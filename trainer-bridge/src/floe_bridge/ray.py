@@ -166,18 +166,17 @@ class FloeServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in out.read_text().splitlines():
-                if line.startswith("{") and line.endswith("}"):
+                if line.startswith("{") and line.endswith("}"):  # a whole line: floe prints it at once
                     d = json.loads(line)
                     return FloeAddresses(d["proxy"], d["control"], d["flight"])
             if self._proc.poll() is not None:
                 break
             time.sleep(0.05)
-        self._proc.kill()
+        code = self._proc.poll()
+        self.stop(grace=5)
+        what = f"did not serve within {timeout:.0f}s" if code is None else f"exited with {code} before serving"
         log = (self._data / LOG_FILE).read_text(errors="replace").splitlines()[-20:]
-        raise RuntimeError(
-            f"floe serve did not start within {timeout:.0f}s (exit {self._proc.poll()}); "
-            "log:\n" + "\n".join(log)
-        )
+        raise RuntimeError(f"floe serve {what}; {self._data / LOG_FILE}:\n" + "\n".join(log))
 
     def _watch(self) -> None:
         """A floe that exits on its own takes the actor with it, so that Ray restarts both
