@@ -174,7 +174,7 @@ class FloeServer:
             time.sleep(0.05)
         code = self._proc.poll()
         self.stop(grace=5)
-        what = f"did not serve within {timeout:.0f}s" if code is None else f"exited with {code} before serving"
+        what = f"did not serve in {timeout:.0f}s" if code is None else f"exited with {code} before serving"
         log = (self._data / LOG_FILE).read_text(errors="replace").splitlines()[-20:]
         raise RuntimeError(f"floe serve {what}; {self._data / LOG_FILE}:\n" + "\n".join(log))
 
