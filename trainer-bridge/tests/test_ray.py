@@ -137,42 +137,45 @@ class Rank:
 # --- the cluster and the inference server -----------------------------------------------------
 
 
-class Upstream:
-    """The reference inference server, started before the Ray cluster so that the two
-    start-ups (torch's import, Ray's nodes) overlap; ``url()`` waits for it."""
-
-    def __init__(self, stack: Stack) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.child = stack.start("refserver", refserver_argv("--port", "0", "--threads", "1", "--log-level",
-                                                             "WARNING"), env=env)
-        self._url: str | None = None
-
-    def url(self) -> str:
-        if self._url is None:
-            self._url = self.child.first_json_line(120)["base_url"].removesuffix("/v1")
-        return self._url
-
-
 @pytest.fixture(scope="module")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The reference inference server's base URL."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     with Stack(tmp_path_factory.mktemp("ray-ref") / "logs", grace=20) as procs:
-        yield Upstream(procs)
+        argv = refserver_argv("--port", "0", "--threads", "1", "--log-level", "WARNING")
+        _, hello = procs.start_server("refserver", argv, 120, env=env)
+        yield hello["base_url"].removesuffix("/v1")
+
+
+def _start_cluster() -> Cluster:
+    """Head (resource "floe") + nodes "rollout", "rank0", "rank1", one CPU each. Ray waits a
+    fixed 30 s for a node to register; on a heavily loaded machine (a load average of 19 on
+    2 cores) that was seen to run out once, so a failed start is tried once more."""
+    for attempt in (1, 2):
+        c = Cluster()
+        try:
+            c.add_node(num_cpus=1, resources={"floe": 1}, include_dashboard=False)
+            for r in ("rollout", "rank0", "rank1"):
+                c.add_node(num_cpus=1, resources={r: 1})
+            return c
+        except Exception:
+            c.shutdown()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
-def cluster(upstream: Upstream) -> Iterator[float]:
-    """Head (resource "floe") + nodes "rollout", "rank0", "rank1", one CPU each, shut down
-    also on failure; yields Ray's start-up time in seconds."""
+def cluster(upstream: str) -> Iterator[float]:
+    """The Ray cluster, started once the inference server serves (their start-ups do not
+    compete for the CPUs), shut down also on failure; yields Ray's start-up time in s."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
         for k in floe_ray.TOKEN_ENVS:  # the workers inherit no token from the driver's environment
             mp.delenv(k, raising=False)
         t0 = time.monotonic()
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"floe": 1},
-                                                          "include_dashboard": False})
+        c = _start_cluster()
         try:
-            for r in ("rollout", "rank0", "rank1"):
-                c.add_node(num_cpus=1, resources={r: 1})
             ray.init(address=c.address, namespace=NS, log_to_driver=False)
             c.wait_for_nodes()
             yield time.monotonic() - t0
@@ -203,7 +206,7 @@ def _kill_for_good(name: str) -> None:
 
 @pytest.mark.timeout(240)
 def test_floe_actor_restart_mid_run_loses_nothing(
-    upstream: Upstream, cluster: float, floe_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    upstream: str, cluster: float, floe_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t0 = time.monotonic()
     data = tmp_path / "floe-data"
@@ -214,7 +217,7 @@ def test_floe_actor_restart_mid_run_loses_nothing(
     floe_node = _node_with("floe")
     actor = floe_ray.start(
         NAME, namespace=NS, floe_bin=str(floe_bin), data_dir=str(data), node_id=floe_node, num_cpus=0,
-        flags=["-upstream", upstream.url(), "-group-size", str(GROUP_SIZE), "-groups-per-step", "1",
+        flags=["-upstream", upstream, "-group-size", str(GROUP_SIZE), "-groups-per-step", "1",
                "-steps-ahead", "2", "-dp-size", str(WORLD), "-token-budget", "4096", "-pad-multiple", "16"])
     try:
         addrs = floe_ray.lookup(NAME, NS)
@@ -308,13 +311,13 @@ def test_floe_actor_restart_mid_run_loses_nothing(
 
 @pytest.mark.timeout(120)
 def test_floe_dies_with_its_actor_and_the_actor_with_floe(
-    upstream: Upstream, cluster: float, floe_bin: Path, tmp_path: Path
+    upstream: str, cluster: float, floe_bin: Path, tmp_path: Path
 ) -> None:
     """floe killed on its own: the actor exits and Ray restarts both, on the same ports.
     The actor killed for good: floe goes with it (nothing restarts it, nothing is left)."""
     name = "floe-lifecycle"
     actor = floe_ray.start(name, namespace=NS, floe_bin=str(floe_bin), data_dir=str(tmp_path / "data"),
-                           host="127.0.0.1", num_cpus=0, flags=["-upstream", upstream.url()])
+                           host="127.0.0.1", num_cpus=0, flags=["-upstream", upstream])
     try:
         addrs, pid = floe_ray.lookup(name, NS), ray.get(actor.pid.remote())
         os.kill(pid, 9)
