@@ -89,13 +89,18 @@ class FloeAddresses:
     flight: str
 
 
+try:
+    # Loaded here, not in the forked child: the actor's process has threads, and a child may
+    # only do async-signal-safe work between fork and exec (no dlopen and its locks).
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
+
+
 def _pdeathsig() -> None:
     """In the child before exec: SIGTERM when the actor's process dies. Linux only."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _hostport(url: str) -> str:
@@ -226,8 +231,9 @@ def start(
 
     ``node_id``: the node to pin it to (default: the caller's); ``floe_bin`` and ``data_dir``
     are paths on that node. ``flags``: floe serve's other flags (``-upstream``,
-    ``-dp-size``, ...; not the addresses, the data dir or a token). ``host``: the address to
-    bind (default: the node's IP, which needs both tokens). The tokens are taken from this
+    ``-dp-size``, ...; not the addresses, the data dir or a token). ``host``: the address the
+    first start binds (default: the node's IP, which needs both tokens); later starts bind
+    the addresses saved in ``data_dir``. The tokens are taken from this
     process's ``$FLOE_CONTROL_TOKEN`` and ``$FLOE_FLIGHT_TOKEN`` into the actor's
     ``runtime_env`` (``runtime_env["env_vars"]`` given here wins)."""
     bad = [f for f in flags if f.split("=", 1)[0].replace("--", "-") in _OWN_FLAGS]
