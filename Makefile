@@ -49,7 +49,7 @@ $(VPY):
 
 $(STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --upgrade uv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl]' -e '$(REFSERVER)[test]'
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl,ray]' -e '$(REFSERVER)[test]'
 	touch $@
 
 venv: $(STAMP)
