@@ -93,11 +93,12 @@ func (c *client) fail(err error) {
 	c.firstErr.CompareAndSwap(nil, err.Error())
 }
 
-// call sends one streaming chat request and reads the stream to its end.
-func (c *client) call(ctx context.Context, base, key string, body []byte) error {
+// call sends one streaming chat request, reads the stream to its end and returns how
+// long that took.
+func (c *client) call(ctx context.Context, base, key string, body []byte) (time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
@@ -106,25 +107,25 @@ func (c *client) call(ctx context.Context, base, key string, body []byte) error 
 	t0 := time.Now()
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return fmt.Errorf("reading the stream: %w", err)
+		return 0, fmt.Errorf("reading the stream: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(got[:min(len(got), 300)])))
+		return 0, fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(got[:min(len(got), 300)])))
 	}
 	if !bytes.Contains(got, []byte("[DONE]")) {
-		return fmt.Errorf("the stream ended before [DONE]")
+		return 0, fmt.Errorf("the stream ended before [DONE]")
 	}
 	took := time.Since(t0)
 	c.mu.Lock()
 	c.latencies = append(c.latencies, took)
 	c.mu.Unlock()
 	c.calls.Add(1)
-	return nil
+	return took, nil
 }
 
 // postJSON posts body to url and decodes the answer into out.
@@ -178,6 +179,8 @@ type fleet struct {
 	direct   *client // the probe's calls straight to the fake
 	probed   *client // the probe's calls through floe
 	inProbe  atomic.Int64
+	pairsMu  sync.Mutex
+	added    []time.Duration // per probe pair: through floe − direct
 	// settled counts the group slots down once stop is seen: a slot is settled when its
 	// sessions have stopped (or finished), so the open sessions can be measured.
 	settled sync.WaitGroup
@@ -249,7 +252,7 @@ func (f *fleet) session(ctx context.Context, group string, gid, s int, park func
 		if stopped = f.stopped(); stopped {
 			break
 		}
-		if err := f.c.call(ctx, f.proxy, created.APIKey, h.body()); err != nil {
+		if _, err := f.c.call(ctx, f.proxy, created.APIKey, h.body()); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -308,11 +311,18 @@ func (f *fleet) paced(ctx context.Context, key string, h *history, seed uint64) 
 			return
 		default:
 		}
-		if err := f.direct.call(ctx, f.upstream, "", body); err != nil {
-			f.direct.fail(err)
+		d, derr := f.direct.call(ctx, f.upstream, "", body)
+		if derr != nil {
+			f.direct.fail(derr)
 		}
-		if err := f.probed.call(ctx, f.proxy, key, body); err != nil {
-			f.probed.fail(err)
+		v, verr := f.probed.call(ctx, f.proxy, key, body)
+		if verr != nil {
+			f.probed.fail(verr)
+		}
+		if derr == nil && verr == nil {
+			f.pairsMu.Lock()
+			f.added = append(f.added, v-d)
+			f.pairsMu.Unlock()
 		}
 		f.inProbe.Add(-1)
 		wait = time.Duration((0.5 + rng.Float64()) * float64(f.think))

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	bbolt "go.etcd.io/bbolt"
+
 	"github.com/floe-rl/floe/batcher"
 )
 
@@ -92,6 +94,10 @@ type Point struct {
 	ProxyP99       float64 `json:"proxy_p99_ms"`
 	DirectP50      float64 `json:"direct_p50_ms"`
 	DirectP99      float64 `json:"direct_p99_ms"`
+	// AddedP50 and AddedP99 are percentiles of each pair's difference (through floe −
+	// direct), ms: what floe adds to a call.
+	AddedP50 float64 `json:"added_p50_ms"`
+	AddedP99 float64 `json:"added_p99_ms"`
 	// RecordedAll is floe_calls_recorded_total after the probe: Calls + ProbeCalls.
 	RecordedAll int64 `json:"recorded_all"`
 
@@ -103,16 +109,15 @@ type Point struct {
 	OpenSessions int64 `json:"open_sessions"`
 
 	// Steps and Flight.
-	StepsFormed     int64     `json:"steps_formed"`
-	StepsCommitted  int64     `json:"steps_committed"`
-	FormSecondsMean float64   `json:"form_seconds_mean"` // floe_step_formation_seconds sum / count
-	RowsPerStep     float64   `json:"rows_per_step"`
-	Fetched         []fetched `json:"fetched"`
+	StepsFormed     int64   `json:"steps_formed"`
+	StepsCommitted  int64   `json:"steps_committed"`
+	FormSecondsMean float64 `json:"form_seconds_mean"` // floe_step_formation_seconds sum / count
+	RowsPerStep     float64 `json:"rows_per_step"`
+	// StoreBytes is the bbolt store's size in use after the drain (pages up to its high
+	// water mark, not the file, which bbolt grows in large steps).
+	StoreBytes int64     `json:"store_bytes"`
+	Fetched    []fetched `json:"fetched"`
 }
-
-// AddedP50 and AddedP99 are what floe adds to a call, in milliseconds.
-func (p Point) AddedP50() float64 { return p.ProxyP50 - p.DirectP50 }
-func (p Point) AddedP99() float64 { return p.ProxyP99 - p.DirectP99 }
 
 // BytesPerSession is floe's RSS growth per open session.
 func (p Point) BytesPerSession() float64 {
@@ -200,7 +205,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 				return nil, fmt.Errorf("R=%d T=%d: %w", r, t, err)
 			}
 			opt.progress("  %.0f calls/s (%d calls, %d recorded, %d errors), added p50 %.2f ms p99 %.2f ms, %.1f KiB/session, %d steps, %.3f GB/s",
-				p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.AddedP50(), p.AddedP99(), p.BytesPerSession()/1024, p.StepsCommitted, p.FlightGBps())
+				p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.AddedP50, p.AddedP99, p.BytesPerSession()/1024, p.StepsCommitted, p.FlightGBps())
 			rep.Points = append(rep.Points, *p)
 		}
 	}
@@ -366,6 +371,7 @@ func runPoint(ctx context.Context, opt *Options, upURL string, r, t int) (*Point
 		p.ProbeCallsPerS = float64(p.ProbeCalls) / time.Since(t1).Seconds()
 		p.ProxyP50, p.ProxyP99 = percentileMs(fl.probed.latencies, 0.5), percentileMs(fl.probed.latencies, 0.99)
 		p.DirectP50, p.DirectP99 = percentileMs(fl.direct.latencies, 0.5), percentileMs(fl.direct.latencies, 0.99)
+		p.AddedP50, p.AddedP99 = percentileMs(fl.added, 0.5), percentileMs(fl.added, 0.99)
 		if e, ok := fl.probed.firstErr.Load().(string); ok && p.FirstError == "" {
 			p.FirstError = e
 		}
@@ -411,7 +417,29 @@ func runPoint(ctx context.Context, opt *Options, upURL string, r, t int) (*Point
 		p.FormSecondsMean = m["floe_step_formation_seconds_sum"] / n
 		p.RowsPerStep = m["floe_rows_forwarded_total"] / n
 	}
+	floe.stop()
+	if p.StoreBytes, err = storeBytes(filepath.Join(dir, "data", storeFile)); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// storeFile is floe's store in its data dir (trace/bolt.FileName).
+const storeFile = "floe.db"
+
+// storeBytes is the size in use of the bbolt file at path, which floe has closed.
+func storeBytes(path string) (int64, error) {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: 10 * time.Second})
+	if err != nil {
+		return 0, fmt.Errorf("opening floe's store: %w", err)
+	}
+	defer db.Close()
+	var n int64
+	err = db.View(func(tx *bbolt.Tx) error {
+		n = tx.Size()
+		return nil
+	})
+	return n, err
 }
 
 // waitIdle lets floe finish starting (its GC and first allocations) before its idle

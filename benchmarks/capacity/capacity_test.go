@@ -106,6 +106,9 @@ func TestTinySweep(t *testing.T) {
 		t.Errorf("latencies not measured: %d probe calls, p50 %.3f ms through floe, %.3f ms direct, %.3f ms saturated",
 			p.ProbeCalls, p.ProxyP50, p.DirectP50, p.SaturatedP50)
 	}
+	if p.StoreBytes <= 0 {
+		t.Errorf("store size in use %d after the run", p.StoreBytes)
+	}
 	if p.RecordedAll != p.Calls+p.ProbeCalls {
 		t.Errorf("floe recorded %d calls in all, the agents made %d + %d in the probe", p.RecordedAll, p.Calls, p.ProbeCalls)
 	}

@@ -21,12 +21,13 @@ import (
 // steps and Flight.
 func (r *Report) Table() string {
 	var b strings.Builder
-	b.WriteString("| R sessions | T ranks | calls/s recorded | calls made (recorded) | errors | floe CPU cores | floe CPU µs/call | via floe p50 / p99 ms, saturated | RSS idle → loaded MiB | KiB/open session |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| R sessions | T ranks | calls/s recorded | calls made (recorded) | errors | floe CPU cores | floe CPU µs/call | via floe p50 / p99 ms, saturated | RSS idle → loaded MiB | KiB/open session | store KiB/call |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Points {
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %d (%d) | %d | %.2f | %.0f | %.1f / %.1f | %.0f → %.0f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %d (%d) | %d | %.2f | %.0f | %.1f / %.1f | %.0f → %.0f | %.1f | %.1f |\n",
 			p.Sessions, p.Ranks, p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.FloeCPU/p.LoadSeconds, 1e6*p.CPUPerCall(),
-			p.SaturatedP50, p.SaturatedP99, float64(p.IdleRSS)/(1<<20), float64(p.OpenRSS)/(1<<20), p.BytesPerSession()/1024)
+			p.SaturatedP50, p.SaturatedP99, float64(p.IdleRSS)/(1<<20), float64(p.OpenRSS)/(1<<20), p.BytesPerSession()/1024,
+			float64(p.StoreBytes)/1024/float64(max(p.RecordedAll, 1)))
 	}
 	fmt.Fprintf(&b, "\nLatency probe: the open sessions, paced to %.0f%% of the rate each point sustained, send each call straight to the fake and then through floe.\n\n", 100*r.ProbeLoad)
 	b.WriteString("| R sessions | T ranks | probe calls/s via floe | probe calls | errors | direct p50 / p99 ms | via floe p50 / p99 ms | added p50 ms | added p99 ms | recorded after the probe |\n")
@@ -34,14 +35,14 @@ func (r *Report) Table() string {
 	for _, p := range r.Points {
 		fmt.Fprintf(&b, "| %d | %d | %.0f | %d | %d | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f | %d |\n",
 			p.Sessions, p.Ranks, p.ProbeCallsPerS, p.ProbeCalls, p.ProbeErrors, p.DirectP50, p.DirectP99, p.ProxyP50, p.ProxyP99,
-			p.AddedP50(), p.AddedP99(), p.RecordedAll)
+			p.AddedP50, p.AddedP99, p.RecordedAll)
 	}
-	b.WriteString("\n| R sessions | T ranks | steps formed / committed | form ms/step (floe's metric) | rows/step | Flight MB fetched | fetch s | Flight GB/s |\n")
+	b.WriteString("\n| R sessions | T ranks | steps formed / committed | form ms/step (floe's metric) | rows/step | Flight MB fetched | fetch ms/step | Flight GB/s |\n")
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Points {
-		fmt.Fprintf(&b, "| %d | %d | %d / %d | %.1f | %.0f | %.1f | %.2f | %.3f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %d / %d | %.1f | %.0f | %.1f | %.1f | %.3f |\n",
 			p.Sessions, p.Ranks, p.StepsFormed, p.StepsCommitted, 1e3*p.FormSecondsMean, p.RowsPerStep,
-			float64(p.FlightBytes())/1e6, p.FlightSeconds(), p.FlightGBps())
+			float64(p.FlightBytes())/1e6, 1e3*p.FlightSeconds()/float64(max(len(p.Fetched), 1)), p.FlightGBps())
 	}
 	return b.String()
 }
@@ -91,6 +92,7 @@ var Plots = []struct {
 	Build func(*Report) (*plot.Plot, error)
 }{
 	{"calls_per_sec.png", callsPlot},
+	{"floe_cpu_per_call.png", cpuPlot},
 	{"added_latency.png", latencyPlot},
 	{"memory_per_session.png", memoryPlot},
 	{"flight_gbps.png", flightPlot},
@@ -193,6 +195,11 @@ func callsPlot(r *Report) (*plot.Plot, error) {
 	return p, r.series(p, byRanks, "T", sessionsX, func(pt Point) float64 { return pt.CallsPerSec })
 }
 
+func cpuPlot(r *Report) (*plot.Plot, error) {
+	p := newPlot("floe serve's CPU per durable call recorded (all of floe: proxy, store, steps, Flight)", "concurrent streaming sessions R", "CPU µs per call", true)
+	return p, r.series(p, byRanks, "T", sessionsX, func(pt Point) float64 { return 1e6 * pt.CPUPerCall() })
+}
+
 func latencyPlot(r *Report) (*plot.Plot, error) {
 	p := newPlot("Latency floe adds to a streaming call (via floe − direct)", "concurrent streaming sessions R", "added latency (ms)", true)
 	// One T is enough: T does not change the proxy path; the smallest is the quietest.
@@ -204,8 +211,8 @@ func latencyPlot(r *Report) (*plot.Plot, error) {
 	var p50, p99 plotter.XYs
 	for _, pt := range r.Points {
 		if pt.Ranks == t {
-			p50 = append(p50, plotter.XY{X: sessionsX(pt), Y: max(pt.AddedP50(), 0)})
-			p99 = append(p99, plotter.XY{X: sessionsX(pt), Y: max(pt.AddedP99(), 0)})
+			p50 = append(p50, plotter.XY{X: sessionsX(pt), Y: pt.AddedP50})
+			p99 = append(p99, plotter.XY{X: sessionsX(pt), Y: pt.AddedP99})
 		}
 	}
 	if err := addLine(p, 0, fmt.Sprintf("p50 (T = %d)", t), p50); err != nil {
@@ -294,6 +301,8 @@ func (r *Report) Markdown() string {
 	b.WriteString(r.Table())
 	b.WriteString("\n- **calls/s recorded**: calls answered (whole stream, 200) in the load phase over its wall time; every one is in floe's " +
 		"store, fsynced before its last event was sent (`floe_calls_recorded_total` is the number in brackets).\n" +
+		"- **store KiB/call**: floe's bbolt store in use after the drain (pages to its high-water mark; sessions, groups and " +
+		"steps included) over the calls recorded: what the data dir grows by per call without retention.\n" +
 		"- **floe CPU**: floe serve's user+system CPU over the load phase (/proc/<pid>/stat), as cores busy and per call recorded.\n" +
 		"- **added p50/p99**: each call is timed at the agent; the via-floe percentile minus the direct one, the same number of sessions " +
 		"sending the same kind of calls. Closed loop with no think time, so at large R both include queueing on the shared cores.\n" +

@@ -43,7 +43,7 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	taskBytes := fs.Int("task-bytes", 512, "task bytes, shared by a group")
 	toolBytes := fs.Int("tool-bytes", 1024, "bytes of each tool result")
 	answerTokens := fs.Int("answer-tokens", 64, "tokens the fake samples per call, streamed one a chunk")
-	groupsPerStep := fs.Int("groups-per-step", 4, "floe serve's -groups-per-step")
+	groupsPerStep := fs.Int("groups-per-step", 8, "floe serve's -groups-per-step")
 	budget := fs.Int("token-budget", 0, "floe serve's -token-budget (0: the longest call rounded up, at least 16384)")
 	loadFor := fs.Duration("load", 5*time.Second, "length of each point's saturating load through floe")
 	minCalls := fs.Float64("min-calls-per-session", 2, "the load goes on past -load until the agents made this many calls per session on average (so that sessions have a history at large R)...")
@@ -111,12 +111,14 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			return cmd
 		},
 	}
+	load, _ := os.ReadFile("/proc/loadavg")
 	rep, err := capacity.Run(ctx, opt)
 	if err != nil {
 		return err
 	}
 	rep.Command = "floe-bench capacity " + strings.Join(flagArgs(fs), " ")
-	rep.Machine = fmt.Sprintf("%s, %d logical CPUs, %s %s/%s", cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	rep.Machine = fmt.Sprintf("%s, %d logical CPUs, %s %s/%s; load average (1, 5, 15 min) at the start: %s",
+		cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, strings.Join(strings.Fields(string(load))[:min(3, len(strings.Fields(string(load))))], ", "))
 	fmt.Fprint(stdout, rep.Table())
 	fmt.Fprintf(stdout, "\nmarginal memory per open session: %.1f KiB\n\n%s", rep.MarginalBytesPerSession()/1024, rep.FormTable())
 	fmt.Fprintf(stdout, "\nwall time: %.0f s\n", rep.WallSeconds)
