@@ -103,8 +103,11 @@ bench-proxy:
 # One floe serve (built by the benchmark with go build) under R concurrent streaming agent
 # sessions and T trainer-rank processes on loopback: calls recorded/s, added latency, memory
 # per session, Flight GB/s, step-forming cost; REPORT.md, results.json and plots.
+# The second run is one point with 128 KiB system prompts, for the cost per request byte.
 bench-capacity:
 	$(GO) run ./cmd/floe-bench capacity -out benchmarks/results/capacity
+	$(GO) run ./cmd/floe-bench capacity -sessions 256 -ranks 8 -system-bytes 131072 -turns 4 -form-groups '' \
+		-out benchmarks/results/capacity/large-requests
 
 # floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
 # trl extra, which make venv installs), on the same corpus calls, one core each; the before column is floe-bench

@@ -106,6 +106,8 @@ func (r *Report) WritePlots(dir string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", pl.File, err)
 		}
+		// Headroom above the data, so the legend in the top right corner covers none of it.
+		p.Y.Max *= 1.4
 		c := vgimg.NewWith(vgimg.UseWH(8*vg.Inch, 4*vg.Inch), vgimg.UseDPI(150))
 		p.Draw(draw.New(c))
 		var buf bytes.Buffer
@@ -123,7 +125,7 @@ func newPlot(title, x, y string, logX bool) *plot.Plot {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
 	p.Add(plotter.NewGrid())
-	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.Top = true
 	if logX {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -201,24 +203,36 @@ func cpuPlot(r *Report) (*plot.Plot, error) {
 }
 
 func latencyPlot(r *Report) (*plot.Plot, error) {
-	p := newPlot("Latency floe adds to a streaming call (via floe − direct)", "concurrent streaming sessions R", "added latency (ms)", true)
-	// One T is enough: T does not change the proxy path; the smallest is the quietest.
-	ts := r.values(byRanks)
-	if len(ts) == 0 {
-		return p, nil
-	}
-	t := ts[0]
+	p := newPlot("Latency floe adds to a streaming call (paired: via floe − direct), median over T", "concurrent streaming sessions R", "added latency (ms)", true)
+	// T does not change the proxy path: the median over the T points of each R is the
+	// steadiest reading on a shared machine.
 	var p50, p99 plotter.XYs
-	for _, pt := range r.Points {
-		if pt.Ranks == t {
-			p50 = append(p50, plotter.XY{X: sessionsX(pt), Y: pt.AddedP50})
-			p99 = append(p99, plotter.XY{X: sessionsX(pt), Y: pt.AddedP99})
+	for _, rr := range r.values(bySessions) {
+		var a, b []float64
+		for _, pt := range r.Points {
+			if pt.Sessions == rr {
+				a, b = append(a, pt.AddedP50), append(b, pt.AddedP99)
+			}
 		}
+		p50 = append(p50, plotter.XY{X: float64(rr), Y: median(a)})
+		p99 = append(p99, plotter.XY{X: float64(rr), Y: median(b)})
 	}
-	if err := addLine(p, 0, fmt.Sprintf("p50 (T = %d)", t), p50); err != nil {
+	if err := addLine(p, 0, "added p50", p50); err != nil {
 		return nil, err
 	}
-	return p, addLine(p, 1, fmt.Sprintf("p99 (T = %d)", t), p99)
+	return p, addLine(p, 1, "added p99", p99)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func memoryPlot(r *Report) (*plot.Plot, error) {
@@ -276,7 +290,7 @@ func (r *Report) Markdown() string {
 	b.WriteString("# Capacity of one floe serve\n\n")
 	fmt.Fprintf(&b, "Command (`make bench-capacity` runs it and regenerates this folder):\n\n```\n%s\n```\n\n", r.Command)
 	fmt.Fprintf(&b, "Machine: %s. Whole sweep: %.0f s wall.\n\n", r.Machine, r.WallSeconds)
-	b.WriteString("**Noise.** Unless said otherwise below, this ran on a 2-core machine shared with other jobs compiling and " +
+	b.WriteString("**Noise.** This ran on a 2-core machine shared with other jobs compiling and " +
 		"testing, and floe, the fake vLLM, the R agents and the T rank processes all share those cores: floe's own CPU " +
 		"(from /proc) is the steadier figure, the rates and latencies are lower bounds for a machine floe has to itself. " +
 		"Rerun the command on a quiet machine before quoting absolute numbers.\n\n")
@@ -304,10 +318,15 @@ func (r *Report) Markdown() string {
 		"- **store KiB/call**: floe's bbolt store in use after the drain (pages to its high-water mark; sessions, groups and " +
 		"steps included) over the calls recorded: what the data dir grows by per call without retention.\n" +
 		"- **floe CPU**: floe serve's user+system CPU over the load phase (/proc/<pid>/stat), as cores busy and per call recorded.\n" +
-		"- **added p50/p99**: each call is timed at the agent; the via-floe percentile minus the direct one, the same number of sessions " +
-		"sending the same kind of calls. Closed loop with no think time, so at large R both include queueing on the shared cores.\n" +
-		"- **KiB/open session**: (VmRSS with the R sessions open − VmRSS idle) / R. It holds floe's warm-up too (heap growth, the " +
-		"store's mapped pages), which dominates at small R; the marginal figure below is the slope over R.\n" +
+		"- **saturated p50/p99**: each load call timed at the agent. Closed loop with no think time, so this is R / rate: " +
+		"queueing on the shared cores, not floe's cost.\n" +
+		"- **added p50/p99**: in the probe each open session sends its next call straight to the fake and at once the same call " +
+		"through floe, one pair every think time (random start, ±50%), the think time set so that floe gets the probe's share " +
+		"of the rate the point sustained; the percentiles of each pair's difference (via floe − direct). On a shared machine the " +
+		"p99 is mostly the scheduler's.\n" +
+		"- **KiB/open session**: (VmRSS at the end of the load, the R sessions open − VmRSS idle) / R. Each session had a call in " +
+		"flight until just before, so it holds that call's buffers at Go's heap high-water mark too, and at small R floe's " +
+		"warm-up (steps READY, the store's mapped pages) dominates; the marginal figure below is the slope over R.\n" +
 		"- **form ms/step**: floe's `floe_step_formation_seconds` mean (packing and saving the step record; reconstruction is done " +
 		"earlier, per group), with floe's `floe_rows_forwarded_total` per step.\n" +
 		"- **Flight GB/s**: bytes of the Flight messages the T ranks received over the time from asking them for a step to the last " +

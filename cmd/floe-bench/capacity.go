@@ -57,8 +57,23 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	floeBin := fs.String("floe", "", "floe binary (default: go build ./cmd/floe into the work dir)")
 	work := fs.String("work", "", "work dir for data dirs and floe's logs (default: a temporary one, removed)")
 	out := fs.String("out", "benchmarks/results/capacity", "where REPORT.md, results.json and the plots go (empty: print only)")
+	reportOnly := fs.Bool("report-only", false, "measure nothing: rewrite REPORT.md and the plots in -out from its results.json")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
+	}
+	if *reportOnly {
+		raw, err := os.ReadFile(filepath.Join(*out, "results.json"))
+		if err != nil {
+			return err
+		}
+		var rep capacity.Report
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(*out, "results.json"), err)
+		}
+		if err := rep.WritePlots(*out); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(*out, "REPORT.md"), []byte(rep.Markdown()), 0o644)
 	}
 	rs, err := intList(*sessions)
 	if err != nil {
