@@ -71,7 +71,7 @@ func child(kind string, args ...string) *exec.Cmd {
 func tinyOptions(t *testing.T) Options {
 	return Options{
 		Sessions: []int{8}, Ranks: []int{2},
-		Workload:      Workload{GroupSize: 4, Turns: 200, SystemBytes: 256, TaskBytes: 64, ToolBytes: 128, AnswerTokens: 16},
+		Workload:      Workload{GroupSize: 4, Turns: 1000, SystemBytes: 256, TaskBytes: 64, ToolBytes: 128, AnswerTokens: 16},
 		GroupsPerStep: 1, LoadFor: time.Second, ProbeFor: 500 * time.Millisecond, ProbeLoad: 0.5, DrainFor: 10 * time.Second, Seed: 1,
 		Floe: func(args []string) *exec.Cmd { return child("serve", args...) },
 		Rank: func(loc string, r int) *exec.Cmd { return child("rank", loc, strconv.Itoa(r)) },
