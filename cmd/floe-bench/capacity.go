@@ -188,7 +188,7 @@ func intList(s string) ([]int, error) {
 func flagArgs(fs *flag.FlagSet) []string {
 	var out []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == "work" || f.Name == "floe" {
+		if f.Name == "work" || f.Name == "floe" || f.Name == "report-only" {
 			return
 		}
 		out = append(out, "-"+f.Name+"="+f.Value.String())
