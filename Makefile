@@ -7,6 +7,7 @@
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
 #   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
 #   make bench-trl     regenerate benchmarks/results/trl/REPORT.md (floe's packer against TRL 1.16's tree packing)
+#   make bench-capacity regenerate benchmarks/results/capacity (one floe serve under R sessions and T Flight ranks)
 #   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
@@ -25,7 +26,7 @@ STAMP    := $(VENV)/.floe-python-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-capacity bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
 all: test
 
@@ -98,6 +99,15 @@ bench-flight: venv
 # Proxy overhead against a zero-latency fake upstream.
 bench-proxy:
 	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
+
+# One floe serve (built by the benchmark with go build) under R concurrent streaming agent
+# sessions and T trainer-rank processes on loopback: calls recorded/s, added latency, memory
+# per session, Flight GB/s, step-forming cost; REPORT.md, results.json and plots.
+# The second run is one point with 128 KiB system prompts, for the cost per request byte.
+bench-capacity:
+	$(GO) run ./cmd/floe-bench capacity -out benchmarks/results/capacity
+	$(GO) run ./cmd/floe-bench capacity -sessions 256 -ranks 8 -system-bytes 131072 -turns 4 -form-groups '' \
+		-out benchmarks/results/capacity/large-requests
 
 # floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
 # trl extra, which make venv installs), on the same corpus calls, one core each; the before column is floe-bench

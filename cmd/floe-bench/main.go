@@ -25,6 +25,9 @@ commands:
   report    write REPORT.md and plots from the runs floe-bench e2e recorded
   proxy     measure the proxy's added latency and concurrent throughput against a
             zero-latency fake inference server
+  capacity  drive one floe serve with R concurrent streaming agent sessions and T
+            trainer-rank processes on loopback: calls recorded/s, added latency,
+            memory per session, Flight GB/s, step-forming cost (make bench-capacity)
   trl       floe's half of the comparison with TRL's tree packing: write a corpus's
             calls for benchmarks/trl_bench.py and pack them with floe (make bench-trl)
   version   print the version
@@ -51,6 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runReport(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		err = runProxy(ctx, args[1:], stdout, stderr)
+	case "capacity":
+		err = runCapacity(ctx, args[1:], stdout, stderr)
+	case "capacity-rank": // a trainer rank the capacity benchmark starts
+		err = runCapacityRank(ctx, args[1:], stdout, stderr)
 	case "trl":
 		err = runTRL(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
