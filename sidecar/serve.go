@@ -95,6 +95,11 @@ type Config struct {
 	// trainer scores each call at its temperature; force samples every call at T = 1,
 	// top_p = 1 and counts the overrides.
 	Sampling proxy.SamplingPolicy
+	// Archive moves each committed step's calls, sessions and record out of the store
+	// into Parquet under ArchiveDir (default <data-dir>/archive) and compacts the store
+	// when that pays, so the data dir's store stays bounded (docs/archive.md).
+	Archive    bool
+	ArchiveDir string
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -105,7 +110,7 @@ func DefaultConfig() Config {
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 		ProxyLimits: proxy.DefaultLimits(), DrainTimeout: proxy.DefaultDrainTimeout,
-		Sampling: proxy.SamplingRecord,
+		Sampling: proxy.SamplingRecord, Archive: true,
 	}
 }
 
@@ -328,12 +333,19 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
+	var archiver *Archiver
+	if cfg.Archive {
+		archiver = NewArchiver(store, cfg.archiveDir(), cfg, mem, log)
+	}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err
 		}
 		steps.committed(n)
 		poke() // room in the buffer
+		if archiver != nil {
+			archiver.Kick()
+		}
 		return nil
 	}
 
@@ -343,11 +355,14 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
 		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted)
+		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Archive)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(mon.Run)
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
+	if archiver != nil {
+		p.Go(archiver.Run)
+	}
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })
