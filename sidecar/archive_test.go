@@ -259,3 +259,62 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestServeArchivesCommittedSteps runs floe serve: once the trainer commits a step, its
+// calls are in the archive, its sessions' keys get 401 from the proxy, and the store
+// holds them no more; after a restart the step is not served again and the numbering
+// goes on.
+func TestServeArchivesCommittedSteps(t *testing.T) {
+	cfg := testConfig(t)
+	mem := checkedMem(t)
+	var keys []string
+	t.Run("serve", func(t *testing.T) {
+		r := startServe(t, cfg)
+		for i := range 2 {
+			s := r.post("/floe/v1/sessions", "", `{"task_id": "t0", "group_id": "g0"}`, 200)
+			key := s["api_key"].(string)
+			keys = append(keys, key)
+			r.post("/v1/chat/completions", key, fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":"session %d"}]}`, i), 200)
+			r.post("/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": "completed"}`, i), 200)
+		}
+		r.fetch(0)
+		r.action("commit", `{"step": 0}`)
+		stepFile := archive.PartitionDir(cfg.DataDir+"/archive", archive.StepsTable, 0) + "/" + archive.PartFile
+		waitFor(t, "step 0 archived", func() bool { _, err := os.Stat(stepFile); return err == nil })
+		waitFor(t, "the store to forget step 0", func() bool {
+			st := r.action("status", `{}`)
+			store, _ := st["store"].(map[string]any)
+			return store != nil && store["archived_steps"] == float64(1)
+		})
+		for _, k := range keys {
+			r.post("/v1/chat/completions", k, `{"model":"x","messages":[{"role":"user","content":"again"}]}`, 401)
+		}
+	})
+	rows, err := archive.ReadCalls(cfg.DataDir+"/archive", mem)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("%d calls archived, want 2 (%v)", len(rows), err)
+	}
+	for _, r := range rows {
+		if r.Step == nil || *r.Step != 0 || r.GroupID != "g0" || len(r.PromptIDs) == 0 || len(r.ResponseIDs) == 0 ||
+			len(r.Logprobs) != len(r.ResponseIDs) || len(r.Request) == 0 {
+			t.Fatalf("archived call %+v", r)
+		}
+	}
+	t.Run("restart", func(t *testing.T) {
+		r := startServe(t, cfg)
+		for _, k := range keys {
+			r.post("/v1/chat/completions", k, `{"model":"x","messages":[{"role":"user","content":"again"}]}`, 401)
+		}
+		r.group(1)
+		r.fetch(1)
+		r.action("commit", `{"step": 1}`)
+		waitFor(t, "step 1 archived", func() bool {
+			_, err := os.Stat(archive.PartitionDir(cfg.DataDir+"/archive", archive.StepsTable, 1) + "/" + archive.PartFile)
+			return err == nil
+		})
+	})
+	st, err := archive.ReadSteps(cfg.DataDir+"/archive", mem)
+	if err != nil || len(st) != 2 || st[0].Record.N != 0 || st[1].Record.N != 1 {
+		t.Fatalf("steps archived %+v %v", st, err)
+	}
+}
