@@ -23,6 +23,9 @@ type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
 	CommittedStep(n int64) (bolt.StepContents, error)
 	ForgetStep(n int64) error
+	Groups() ([]trace.GroupState, error)
+	DroppedGroup(id string) (trace.Group, string, map[string]bolt.SessionTimes, error)
+	ForgetDroppedGroup(id string) error
 	CompactIfWorth(p bolt.CompactPolicy) (bolt.Compaction, error)
 }
 
@@ -81,8 +84,9 @@ func (a *Archiver) Run(ctx context.Context) error {
 	}
 }
 
-// ArchiveCommitted archives every committed step still in the store, in order, then
-// compacts the store when the policy says it pays. It returns the steps archived.
+// ArchiveCommitted archives every committed step still in the store, in order, and
+// every dropped group (never trained, so final too), then compacts the store when the
+// policy says it pays. It returns the steps archived.
 func (a *Archiver) ArchiveCommitted() ([]int64, error) {
 	steps, err := a.Store.ArchivableSteps()
 	if err != nil {
@@ -95,7 +99,11 @@ func (a *Archiver) ArchiveCommitted() ([]int64, error) {
 		}
 		done = append(done, n)
 	}
-	if len(done) == 0 {
+	dropped, err := a.archiveDropped()
+	if err != nil {
+		return done, err
+	}
+	if len(done) == 0 && dropped == 0 {
 		return done, nil
 	}
 	c, err := a.Store.CompactIfWorth(a.Compact)
@@ -147,6 +155,39 @@ func (a *Archiver) archiveStep(n int64) error {
 	a.Log.Info("step archived", "step", n, "groups", len(sc.Groups), "calls", calls, "dir", a.Dir,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil
+}
+
+// archiveDropped archives and forgets the dropped groups in the store; it returns how
+// many.
+func (a *Archiver) archiveDropped() (int, error) {
+	gs, err := a.Store.Groups()
+	if err != nil {
+		return 0, fmt.Errorf("listing groups: %w", err)
+	}
+	n := 0
+	for _, gs := range gs {
+		if !gs.Dropped || gs.Step >= 0 {
+			continue
+		}
+		g, reason, times, err := a.Store.DroppedGroup(gs.ID)
+		if err != nil {
+			return n, fmt.Errorf("archiving dropped group %s: %w", gs.ID, err)
+		}
+		info := make(map[string]archive.SessionInfo, len(times))
+		for sid, t := range times {
+			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
+		}
+		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, func(s archive.Stage) { a.stage("dropped-" + string(s)) }); err != nil {
+			return n, err
+		}
+		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
+			return n, fmt.Errorf("archived dropped group %s, removing it from the store: %w", gs.ID, err)
+		}
+		a.stage("dropped-forgotten")
+		a.Log.Info("dropped group archived", "group", gs.ID, "reason", reason, "dir", a.Dir)
+		n++
+	}
+	return n, nil
 }
 
 // advantages are group g's sessions' advantages as the step former's examination

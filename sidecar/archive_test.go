@@ -318,3 +318,98 @@ func TestServeArchivesCommittedSteps(t *testing.T) {
 		t.Fatalf("steps archived %+v %v", st, err)
 	}
 }
+
+// TestArchiveDroppedGroups: a group dropped before any step is archived with a null step
+// and its reason, and leaves the store; archiving stopped after either of its files (as
+// a crash would stop it; TestArchiveCrash kills real processes) archives it again at
+// restart, once.
+func TestArchiveDroppedGroups(t *testing.T) {
+	for _, killAt := range []string{"", "dropped-" + string(archive.StageCalls), "dropped-" + string(archive.StageSessions)} {
+		t.Run("stopped at "+killAt, func(t *testing.T) {
+			mem := checkedMem(t)
+			dir := t.TempDir()
+			s, err := bolt.New(dir, bolt.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { s.Close() }()
+			calls, keys := recordStep(t, s, 0) // step 0, committed
+			// A second group, dropped instead of trained.
+			for i := range 2 {
+				sid := fmt.Sprintf("d-s%d", i)
+				if err := s.CreateSession(trace.Session{ID: sid, TaskID: "td", GroupID: "gd"}, "key-"+sid, 2); err != nil {
+					t.Fatal(err)
+				}
+				c := trace.Call{SessionID: sid, PromptIDs: []int32{1, 2}, ResponseIDs: []int32{3}, Logprobs: []float32{-1}, Trainable: true}
+				if err := s.Record(context.Background(), &c); err != nil {
+					t.Fatal(err)
+				}
+				calls[callKey{sid, 0, 0}] = c
+				if err := s.FinishSession(sid, 0, trace.StatusFailed); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.DropGroup("gd", "0 usable sessions, fewer than 2"); err != nil {
+				t.Fatal(err)
+			}
+			if killAt != "" {
+				// The crash, in process: the stage hook stops archiving where a kill would.
+				a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+				a.at = func(st string) {
+					if st == killAt {
+						panic(errCrash)
+					}
+				}
+				func() {
+					defer func() {
+						if r := recover(); r != errCrash {
+							t.Fatalf("archiving did not reach %s: %v", killAt, r)
+						}
+					}()
+					a.ArchiveCommitted()
+				}()
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if s, err = bolt.New(dir, bolt.Options{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+			if _, err := a.ArchiveCommitted(); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := archive.ReadCalls(dir+"/archive", mem)
+			if err != nil || len(rows) != len(calls) {
+				t.Fatalf("%d calls archived, want %d (%v)", len(rows), len(calls), err)
+			}
+			seen := map[callKey]bool{}
+			for _, r := range rows {
+				k := callKey{r.SessionID, r.Index, r.Choice}
+				if seen[k] || (r.GroupID == "gd") != (r.Step == nil) {
+					t.Fatalf("call %+v: twice %v, step %v", k, seen[k], r.Step)
+				}
+				seen[k] = true
+			}
+			sess, err := archive.ReadSessions(dir+"/archive", mem)
+			if err != nil || len(sess) != boundSessions+2 {
+				t.Fatalf("%d sessions archived (%v)", len(sess), err)
+			}
+			for _, r := range sess {
+				if (r.GroupID == "gd") != (r.Step == nil && r.DropReason == "0 usable sessions, fewer than 2" && r.Advantage == nil) {
+					t.Fatalf("session row %+v", r)
+				}
+			}
+			if gs, err := s.Groups(); err != nil || len(gs) != 0 {
+				t.Fatalf("groups left in the store: %+v %v", gs, err)
+			}
+			for _, k := range append(keys, "key-d-s0") {
+				if _, err := s.Resolve(k); !errors.Is(err, trace.ErrUnknownSession) {
+					t.Fatalf("archived key %s: %v", k, err)
+				}
+			}
+		})
+	}
+}
+
+var errCrash = errors.New("crash")

@@ -96,7 +96,7 @@ func TestWriteStepRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sess) != 3 || sess[0].Session.ID != "s1" || *sess[0].Advantage != 0.7071 || sess[0].Calls != 3 ||
+	if len(sess) != 3 || sess[0].Session.ID != "s1" || sess[0].Step == nil || *sess[0].Step != 42 || sess[0].DropReason != "" || *sess[0].Advantage != 0.7071 || sess[0].Calls != 3 ||
 		sess[1].Advantage != nil || sess[1].Session.Status != trace.StatusFailed || sess[2].Session.Reward != 0.5 ||
 		!sess[2].Finished.Equal(st.Sessions["s3"].Finished) || !sess[1].Created.IsZero() {
 		t.Fatalf("sessions read back: %+v", sess)
@@ -210,5 +210,56 @@ func TestWriteCallsFailureLeavesNothing(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("left %v", ents)
+	}
+}
+
+// TestWriteDroppedGroup: a dropped group's calls and sessions read back with a null step
+// and the reason, beside the steps' partitions, and writing it again replaces them.
+func TestWriteDroppedGroup(t *testing.T) {
+	mem := checkedMem(t)
+	root := t.TempDir()
+	st := testStep()
+	if err := WriteStep(root, st, mem, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := st.Groups[1]
+	g.ID = "weird/id with spaces"
+	for range 2 {
+		if err := WriteDroppedGroup(root, &g, "1 usable session, fewer than 2", nil, mem, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls, err := ReadCalls(root, mem)
+	if err != nil || len(calls) != 5 {
+		t.Fatalf("%d calls, want 4 of the step and 1 of the dropped group (%v)", len(calls), err)
+	}
+	var dropped []CallRow
+	for _, c := range calls {
+		if c.Step == nil {
+			dropped = append(dropped, c)
+		}
+	}
+	if len(dropped) != 1 || dropped[0].GroupID != g.ID || !reflect.DeepEqual(dropped[0].Call, g.Sessions[0].Calls[0]) {
+		t.Fatalf("dropped group's calls %+v", dropped)
+	}
+	sess, err := ReadSessions(root, mem)
+	if err != nil || len(sess) != 4 {
+		t.Fatalf("%d sessions (%v)", len(sess), err)
+	}
+	last := sess[len(sess)-1]
+	if _, err := os.Stat(DroppedDir(root, SessionsTable, g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, s := range sess {
+		if s.Step == nil {
+			found = s.GroupID == g.ID && s.DropReason == "1 usable session, fewer than 2" && s.Advantage == nil
+		}
+	}
+	if !found {
+		t.Fatalf("dropped session row missing: %+v", last)
+	}
+	if steps, err := ReadSteps(root, mem); err != nil || len(steps) != 1 {
+		t.Fatalf("steps %v %v: a dropped group has no step row", steps, err)
 	}
 }

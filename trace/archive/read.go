@@ -31,13 +31,14 @@ type CallRow struct {
 
 // SessionRow is one row of the sessions table.
 type SessionRow struct {
-	Step      int64
-	GroupID   string
-	Session   trace.Session // without calls
-	Advantage *float64
-	Calls     int
-	Created   time.Time
-	Finished  time.Time
+	Step       *int64 // nil: the group was dropped
+	GroupID    string
+	Session    trace.Session // without calls
+	Advantage  *float64
+	Calls      int
+	Created    time.Time
+	Finished   time.Time
+	DropReason string
 }
 
 // StepRow is one row of the steps table.
@@ -187,7 +188,7 @@ func ReadSessions(root string, mem memory.Allocator) ([]SessionRow, error) {
 			return nil, err
 		}
 		err = eachRow(tbl, func(c []arrow.Array, i int) error {
-			out = append(out, SessionRow{Step: c[0].(*array.Int64).Value(i), GroupID: str(c[1], i),
+			out = append(out, SessionRow{Step: optInt64(c[0], i), GroupID: str(c[1], i), DropReason: str(c[10], i),
 				Session: trace.Session{ID: str(c[2], i), TaskID: str(c[3], i), GroupID: str(c[1], i),
 					Status: trace.Status(str(c[4], i)), Reward: c[5].(*array.Float64).Value(i)},
 				Advantage: optFloat(c[6], i), Calls: int(c[7].(*array.Int32).Value(i)),

@@ -4,7 +4,8 @@
 // in docs/archive.md; pyarrow, pandas, DuckDB and Hugging Face datasets open it as it is.
 //
 // Layout: one directory per step and table, archive/{calls,sessions,steps}/step-NNNNNN/
-// part-0.parquet. The step is a column of every file, not a Hive key (step=N): Hugging
+// part-0.parquet; a group dropped before any step (never trained) has its calls and
+// sessions under dropped-<hash of its id>/ instead, with a null step. The step is a column of every file, not a Hive key (step=N): Hugging
 // Face datasets ignores Hive keys, and pandas and pyarrow refuse a Hive key that is also
 // a column of the files (they infer it as int32 or a dictionary, never the file's type).
 package archive
@@ -49,9 +50,9 @@ var CallsSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "response", Type: arrow.BinaryTypes.String, Nullable: true},
 }, nil)
 
-// SessionsSchema is one row per session of a step's groups.
+// SessionsSchema is one row per session of a step's groups (or of a dropped group).
 var SessionsSchema = arrow.NewSchema([]arrow.Field{
-	{Name: "step", Type: arrow.PrimitiveTypes.Int64},
+	{Name: "step", Type: arrow.PrimitiveTypes.Int64, Nullable: true}, // null: the group was dropped
 	{Name: "group_id", Type: arrow.BinaryTypes.String},
 	{Name: "session_id", Type: arrow.BinaryTypes.String},
 	{Name: "task_id", Type: arrow.BinaryTypes.String},
@@ -61,6 +62,7 @@ var SessionsSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "calls", Type: arrow.PrimitiveTypes.Int32},
 	{Name: "created", Type: ts, Nullable: true},
 	{Name: "finished", Type: ts, Nullable: true},
+	{Name: "drop_reason", Type: arrow.BinaryTypes.String, Nullable: true}, // why the group was dropped; null when it trained
 }, nil)
 
 // StepsSchema is one row per committed step.

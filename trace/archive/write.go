@@ -2,6 +2,8 @@ package archive
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -45,6 +47,42 @@ func PartitionDir(root, table string, n int64) string {
 	return filepath.Join(root, table, fmt.Sprintf("step-%06d", n))
 }
 
+// DroppedDir is the directory of dropped group id's partition of table under root: named
+// by a hash of the id, which may hold any character.
+func DroppedDir(root, table, id string) string {
+	h := sha256.Sum256([]byte(id))
+	return filepath.Join(root, table, "dropped-"+hex.EncodeToString(h[:8]))
+}
+
+// WriteDroppedGroup writes group g, dropped before any step for reason, as WriteStep
+// writes a step: its calls then its sessions, atomically, with a null step and the
+// reason on each session.
+func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, at func(Stage)) error {
+	if at == nil {
+		at = func(Stage) {}
+	}
+	calls := NewCallsBuilder(mem)
+	defer calls.Release()
+	sess := newSessionsBuilder(mem)
+	defer sess.release()
+	for si := range g.Sessions {
+		s := &g.Sessions[si]
+		for ci := range s.Calls {
+			calls.Append(nil, g.ID, s.TaskID, &s.Calls[ci])
+		}
+		sess.append(nil, g.ID, s, sessions[s.ID], reason)
+	}
+	if err := writeRecord(DroppedDir(root, CallsTable, g.ID), calls.b, mem); err != nil {
+		return fmt.Errorf("archive dropped group %s calls: %w", g.ID, err)
+	}
+	at(StageCalls)
+	if err := writeRecord(DroppedDir(root, SessionsTable, g.ID), sess.b, mem); err != nil {
+		return fmt.Errorf("archive dropped group %s sessions: %w", g.ID, err)
+	}
+	at(StageSessions)
+	return nil
+}
+
 // Stage names the points WriteStep passes, for crash tests.
 type Stage string
 
@@ -79,7 +117,7 @@ func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) erro
 				calls.Append(&n, g.ID, s.TaskID, &s.Calls[ci])
 				nCalls++
 			}
-			sess.append(n, g.ID, s, st.Sessions[s.ID])
+			sess.append(&n, g.ID, s, st.Sessions[s.ID], "")
 		}
 	}
 	if err := writeRecord(PartitionDir(root, CallsTable, n), calls.b, mem); err != nil {
@@ -301,9 +339,13 @@ func newSessionsBuilder(mem memory.Allocator) *sessionsBuilder {
 
 func (sb *sessionsBuilder) release() { sb.b.Release() }
 
-func (sb *sessionsBuilder) append(step int64, groupID string, s *trace.Session, info SessionInfo) {
+func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session, info SessionInfo, dropReason string) {
 	f := sb.b.Fields()
-	f[0].(*array.Int64Builder).Append(step)
+	if step != nil {
+		f[0].(*array.Int64Builder).Append(*step)
+	} else {
+		f[0].AppendNull()
+	}
 	f[1].(*array.StringBuilder).Append(groupID)
 	f[2].(*array.StringBuilder).Append(s.ID)
 	f[3].(*array.StringBuilder).Append(s.TaskID)
@@ -313,6 +355,7 @@ func (sb *sessionsBuilder) append(step int64, groupID string, s *trace.Session, 
 	f[7].(*array.Int32Builder).Append(int32(len(s.Calls)))
 	appendTime(f[8], info.Created)
 	appendTime(f[9], info.Finished)
+	appendString(f[10], dropReason)
 }
 
 func appendStep(b *array.RecordBuilder, st *Step, sessions, calls int) {

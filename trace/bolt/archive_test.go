@@ -222,3 +222,48 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 		})
 	}
 }
+
+// TestForgetDroppedGroup: a dropped group reads back with its reason, leaves the store
+// with its sessions and keys in one write, and forgetting it again is a no-op; a group
+// not dropped is refused.
+func TestForgetDroppedGroup(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(7, 8))
+	fillGroup(t, s, "gd", 2, 2, rng)
+	kept := fillGroup(t, s, "gk", 2, 2, rng)
+	if err := s.ForgetDroppedGroup("gd"); err == nil {
+		t.Fatal("forgot a group not dropped")
+	}
+	if _, _, _, err := s.DroppedGroup("gd"); err == nil {
+		t.Fatal("read a group not dropped as dropped")
+	}
+	if err := s.DropGroup("gd", "too few usable sessions"); err != nil {
+		t.Fatal(err)
+	}
+	g, reason, times, err := s.DroppedGroup("gd")
+	if err != nil || reason != "too few usable sessions" || len(g.Sessions) != 2 || len(g.Sessions[0].Calls) != 2 ||
+		times["gd-s1"].Finished.IsZero() {
+		t.Fatalf("dropped group %+v %q %v", g, reason, err)
+	}
+	for range 2 {
+		if err := s.ForgetDroppedGroup("gd"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = reopen(t, s, dir)
+	if _, err := s.Resolve("key-gd-s0"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("forgotten key resolves: %v", err)
+	}
+	gs, err := s.Groups()
+	if err != nil || len(gs) != 1 || gs[0].ID != "gk" {
+		t.Fatalf("groups %+v %v", gs, err)
+	}
+	if got, err := s.Session("gk-s0"); err != nil || len(got.Calls) != len(kept["gk-s0"]) {
+		t.Fatalf("kept session %v", err)
+	}
+	if u, err := s.Usage(); err != nil || u.Sessions != 2 || u.ArchivedSessions != 2 || u.ArchivedCalls != 4 || u.ArchivedSteps != 0 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+}
