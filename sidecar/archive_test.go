@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -253,6 +255,15 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 				t.Fatalf("last committed %d %v", last, err)
 			}
 			checkArchive(t, dir+"/archive", recorded, boundSteps, mem)
+			var archived int64
+			filepath.WalkDir(dir+"/archive", func(_ string, d fs.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					fi, _ := d.Info()
+					archived += fi.Size()
+				}
+				return err
+			})
+			t.Logf("archive: %d bytes for %d calls (%d bytes of requests, answers and tokens recorded)", archived, len(recorded), recordedBytes(recorded))
 			if ents, _ := os.ReadDir(dir + "/archive/calls"); len(ents) != boundSteps {
 				t.Fatalf("%d call partitions, want %d", len(ents), boundSteps)
 			}
@@ -413,3 +424,12 @@ func TestArchiveDroppedGroups(t *testing.T) {
 }
 
 var errCrash = errors.New("crash")
+
+// recordedBytes is the size of the calls' JSON fields and token data as recorded.
+func recordedBytes(calls map[callKey]trace.Call) int64 {
+	var n int64
+	for _, c := range calls {
+		n += int64(len(c.Request)+len(c.UpstreamRequest)+len(c.Response)) + 4*int64(len(c.PromptIDs)+2*len(c.ResponseIDs))
+	}
+	return n
+}
