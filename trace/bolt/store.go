@@ -10,6 +10,9 @@
 // A prompt is stored by reference: against the longest prefix it shares with an earlier
 // call's prompt ++ response in the same session, so disk grows with the distinct tokens
 // of a session, not with the sum of its prompt lengths. See encode.go for the format.
+//
+// Retention: a committed step, once archived elsewhere, is forgotten (archive.go) and the
+// file compacted when that pays (compact.go), so the store holds what is in flight.
 package bolt
 
 import (
