@@ -339,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             "-data-dir", os.path.join(tmp, "floe-data"), "-upstream", upstream,
             "-strategy", "tree", "-group-size", str(agent.GROUP_SIZE), "-groups-per-step", str(args.groups_per_step),
             "-steps-ahead", "2", "-token-budget", str(args.token_budget), "-pad-multiple", str(PAD_MULTIPLE),
+            # the summary reads the trained sessions' calls from the control API after the
+            # run: keep committed steps in the store rather than archive them (docs/archive.md)
+            "-archive=false",
         ], 60)
         # Sessions are created and finished on the control address; harnesses get the
         # proxy's address in each session's base_urls, and never the control address.

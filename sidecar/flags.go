@@ -77,6 +77,13 @@ var serveFlags = []struct {
 	{"data-dir", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.StringVar(&c.DataDir, n, c.DataDir, "where the durable trace store lives")
 	}},
+	{"archive", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.BoolVar(&c.Archive, n, c.Archive,
+			"move each committed step's calls, sessions and record from the store into Parquet under -archive-dir and compact the store, so it stays bounded; false: keep everything in the store")
+	}},
+	{"archive-dir", func(c *Config, fs *flag.FlagSet, n string) {
+		fs.StringVar(&c.ArchiveDir, n, c.ArchiveDir, "where archived steps go (default: <data-dir>/archive)")
+	}},
 	{batcher.FlagStrategy, registerBatcherFlag},
 	{batcher.FlagAdvantage, registerBatcherFlag},
 	{"group-size", func(c *Config, fs *flag.FlagSet, n string) {

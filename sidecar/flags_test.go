@@ -89,7 +89,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 // names DESIGN.md and the YAML config keys rely on; -open-sessions is floe proxy's only);
 // with names, exactly those.
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
-	all := []string{"advantage", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",
+	all := []string{"advantage", "archive", "archive-dir", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",
 		"flight-addr", "flight-token", "flight-token-file", "gpu-memory", "group-size", "group-timeout", "groups-per-step",
 		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "pass-cost", "proxy-addr",
 		"sampling", "steps-ahead", "strategy",

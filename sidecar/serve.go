@@ -101,6 +101,12 @@ type Config struct {
 	// carries its session id in, for a router's affinity ("": none).
 	UpstreamHealthInterval time.Duration
 	UpstreamSessionHeader  string
+
+	// Archive moves each committed step's calls, sessions and record out of the store
+	// into Parquet under ArchiveDir (default <data-dir>/archive) and compacts the store
+	// when that pays, so the data dir's store stays bounded (docs/archive.md).
+	Archive    bool
+	ArchiveDir string
 }
 
 // DefaultConfig returns the defaults of DESIGN.md.
@@ -112,7 +118,7 @@ func DefaultConfig() Config {
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 		ProxyLimits: proxy.DefaultLimits(), DrainTimeout: proxy.DefaultDrainTimeout,
-		Sampling: proxy.SamplingRecord,
+		Sampling: proxy.SamplingRecord, Archive: true,
 	}
 }
 
@@ -370,12 +376,19 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
+	var archiver *Archiver
+	if cfg.Archive {
+		archiver = NewArchiver(store, cfg.archiveDir(), cfg, mem, log)
+	}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err
 		}
 		steps.committed(n)
 		poke() // room in the buffer
+		if archiver != nil {
+			archiver.Kick()
+		}
 		return nil
 	}
 
@@ -385,12 +398,15 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
 		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted)
+		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Archive)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(mon.Run)
 	p.Go(engine.Run) // the replicas' health checks
 	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
+	if archiver != nil {
+		p.Go(archiver.Run)
+	}
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })

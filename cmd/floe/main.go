@@ -22,6 +22,7 @@ commands:
             developing and testing a trainer against floe
   proxy     serve the provider APIs in front of an inference server and record every
             call (the proxy alone, without the training side)
+  export    write the calls held in a data dir's store to Parquet (docs/archive.md)
   version   print the version
 
 Run 'floe <command> -h' for a command's flags. The benchmarks are a binary of their own:
@@ -47,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runCorpusServe(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		err = runProxy(ctx, args[1:], stdout, stderr)
+	case "export":
+		err = runExport(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "floe", cli.Version())
 	case "help", "-h", "--help":

@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 		crashChild(dir)
 		os.Exit(3) // not reached: the parent kills the child
 	}
+	if dir := os.Getenv(compactCrashEnv); dir != "" {
+		compactCrashChild(dir, os.Getenv(compactStageEnv))
+	}
 	os.Exit(m.Run())
 }
 

@@ -10,6 +10,9 @@
 // A prompt is stored by reference: against the longest prefix it shares with an earlier
 // call's prompt ++ response in the same session, so disk grows with the distinct tokens
 // of a session, not with the sum of its prompt lengths. See encode.go for the format.
+//
+// Retention: a committed step, once archived elsewhere, is forgotten (archive.go) and the
+// file compacted when that pays (compact.go), so the store holds what is in flight.
 package bolt
 
 import (
@@ -118,6 +121,8 @@ var (
 
 // Store is the durable trace store. Its methods are safe for concurrent use.
 type Store struct {
+	// db is replaced by a compaction (compact.go): read it under dbmu, or as the writer.
+	dbmu sync.RWMutex
 	db   *bolt.DB
 	path string
 	opt  Options
@@ -128,6 +133,9 @@ type Store struct {
 	// oldBudgets, in a read-only store only, are the step budgets of a BudgetsFile not
 	// yet moved into the store (nil when none).
 	oldBudgets map[int64]int
+
+	// stageHook, set by crash tests only, is called at each point of a compaction.
+	stageHook func(stage string)
 
 	wmu    sync.RWMutex // guards closed and the send side of writes
 	closed bool
@@ -167,6 +175,13 @@ func New(dir string, opt Options) (*Store, error) {
 			return nil, fmt.Errorf("trace store %s: %w", path, err)
 		default: // ErrInvalid, ErrChecksum, "file size too small", …
 			return nil, fmt.Errorf("%w: %s is not a readable bbolt database (left untouched): %v", ErrCorrupt, path, err)
+		}
+	}
+	if !opt.ReadOnly {
+		// Only now, holding the lock: another floe's compaction in progress is not ours.
+		if err := removeCompactLeftover(path); err != nil {
+			db.Close()
+			return nil, err
 		}
 	}
 	budgets, err := initialise(db, dir, path, opt.ReadOnly)
@@ -841,12 +856,16 @@ func (s *Store) UnfinishedSessions() ([]trace.Session, error) {
 // any crash. A format 1 store gets it by one scan when it is upgraded.
 type Totals struct {
 	Sessions  int   `json:"sessions"`
-	Calls     int   `json:"calls"`      // calls recorded
+	Calls     int   `json:"calls"`      // calls recorded and held
 	PromptIDs int64 `json:"prompt_ids"` // Σ prompt lengths of those calls, in tokens
 	// CallBytes is the encoded call records (prompts by reference), before bbolt's pages;
 	// JSONBytes the part of it that is the recorded request, upstream request and answer.
 	CallBytes int64 `json:"call_bytes"`
 	JSONBytes int64 `json:"json_bytes"`
+	// What ForgetStep removed once archived: the figures above no longer count it.
+	ArchivedSteps    int `json:"archived_steps,omitempty"`
+	ArchivedSessions int `json:"archived_sessions,omitempty"`
+	ArchivedCalls    int `json:"archived_calls,omitempty"`
 }
 
 // Usage is what the store holds and what it costs on disk.
@@ -938,6 +957,9 @@ type stepValue struct {
 	Committed        bool      `json:"committed"`
 	Saved            time.Time `json:"saved"`
 	CommitAt         time.Time `json:"committed_at,omitzero"`
+	// Archived: the step's data went to the archive and left the store (ForgetStep);
+	// the record stays, without its groups, to keep the step committed.
+	Archived bool `json:"archived,omitempty"`
 }
 
 // SaveStep records that step n is formed from groups (in that order). It is durable when

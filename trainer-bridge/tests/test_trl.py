@@ -234,7 +234,10 @@ def floe_serve(floe_bin: Path, refserver: str, tmp_path: Path) -> Iterator[Calla
             args = [str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
                     "-data-dir", str(tmp_path / f"data-{len(procs.children)}"), "-upstream", refserver,
                     "-group-size", "2", "-groups-per-step", "1", "-steps-ahead", "2",
-                    "-token-budget", "4096", "-pad-multiple", "16", "-control-addr", "127.0.0.1:0"]
+                    "-token-budget", "4096", "-pad-multiple", "16", "-control-addr", "127.0.0.1:0",
+                    # the loss terms are checked against the sessions the control API still
+                    # holds after the commits: keep committed steps in the store (docs/archive.md)
+                    "-archive=false"]
             for k, v in flags.items():
                 args += [f"-{k.replace('_', '-')}", str(v)]
             _, addrs = procs.start_server("floe", args, 60)

@@ -1,0 +1,218 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/archive"
+	"github.com/floe-rl/floe/trace/bolt"
+)
+
+// ArchiveDirName is the archive's directory inside the data dir unless -archive-dir says.
+const ArchiveDirName = "archive"
+
+// ArchiveStore is what archiving needs of the store (*bolt.Store).
+type ArchiveStore interface {
+	ArchivableSteps() ([]int64, error)
+	CommittedStep(n int64) (bolt.StepContents, error)
+	ForgetStep(n int64) error
+	Groups() ([]trace.GroupState, error)
+	DroppedGroup(id string) (trace.Group, string, map[string]bolt.SessionTimes, error)
+	ForgetDroppedGroup(id string) error
+	CompactIfWorth(p bolt.CompactPolicy) (bolt.Compaction, error)
+}
+
+// Archiver moves committed steps out of the store into the Parquet archive
+// (docs/archive.md): each step's calls, sessions (with their advantages) and record are
+// written to the archive, durable, and only then removed from the store in one write;
+// the store is compacted when that pays. A crash anywhere leaves the step in the store
+// (it is archived again, its files replaced) or gone from it with its files complete.
+type Archiver struct {
+	Store ArchiveStore
+	Dir   string
+	// Advantage and DropFailed are floe serve's, so the archived advantages are the ones
+	// the step trained with.
+	Advantage  batcher.Advantage
+	DropFailed bool
+	Compact    bolt.CompactPolicy
+	Mem        memory.Allocator
+	Log        *slog.Logger
+
+	kick chan struct{}
+	// at, set by crash tests, is called at each stage of archiving a step.
+	at func(stage string)
+}
+
+// NewArchiver returns an archiver of store into dir with cfg's advantage settings.
+func NewArchiver(store ArchiveStore, dir string, cfg Config, mem memory.Allocator, log *slog.Logger) *Archiver {
+	return &Archiver{Store: store, Dir: dir, Advantage: cfg.Batcher.Advantage, DropFailed: cfg.DropFailed,
+		Mem: mem, Log: log, kick: make(chan struct{}, 1)}
+}
+
+// Kick asks Run to archive the steps committed since; it never blocks.
+func (a *Archiver) Kick() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run archives the committed steps left in the store (those a crash or a floe without
+// archiving left), then each step as it is committed (Kick), until ctx ends. A step that
+// fails to archive stays in the store and is tried again at the next kick or tick;
+// nothing is lost, and training goes on.
+func (a *Archiver) Run(ctx context.Context) error {
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		if _, err := a.ArchiveCommitted(); err != nil {
+			a.Log.Error("archiving committed steps (they stay in the store and are tried again)", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// ArchiveCommitted archives every committed step still in the store, in order, and
+// every dropped group (never trained, so final too), then compacts the store when the
+// policy says it pays. It returns the steps archived.
+func (a *Archiver) ArchiveCommitted() ([]int64, error) {
+	steps, err := a.Store.ArchivableSteps()
+	if err != nil {
+		return nil, fmt.Errorf("listing committed steps: %w", err)
+	}
+	var done []int64
+	for _, n := range steps {
+		if err := a.archiveStep(n); err != nil {
+			return done, err
+		}
+		done = append(done, n)
+	}
+	dropped, err := a.archiveDropped()
+	if err != nil {
+		return done, err
+	}
+	if len(done) == 0 && dropped == 0 {
+		return done, nil
+	}
+	c, err := a.Store.CompactIfWorth(a.Compact)
+	if err != nil {
+		return done, err
+	}
+	if c.Compacted {
+		a.Log.Info("store compacted", "before_bytes", c.BeforeBytes, "after_bytes", c.AfterBytes, "live_bytes", c.LiveBytes,
+			"took", c.Took.Round(time.Millisecond))
+	}
+	a.stage("compacted")
+	return done, nil
+}
+
+func (a *Archiver) stage(s string) {
+	if a.at != nil {
+		a.at(s)
+	}
+}
+
+// archiveStep writes step n to the archive and then forgets it in the store.
+func (a *Archiver) archiveStep(n int64) error {
+	began := time.Now()
+	sc, err := a.Store.CommittedStep(n)
+	if err != nil {
+		return fmt.Errorf("archiving step %d: %w", n, err)
+	}
+	st := &archive.Step{Record: sc.Record, Committed: sc.CommittedAt, Groups: sc.Groups,
+		Sessions: make(map[string]archive.SessionInfo, len(sc.Times))}
+	calls := 0
+	for gi := range sc.Groups {
+		adv := a.advantages(&sc.Groups[gi])
+		for _, s := range sc.Groups[gi].Sessions {
+			info := archive.SessionInfo{Created: sc.Times[s.ID].Created, Finished: sc.Times[s.ID].Finished}
+			if v, ok := adv[s.ID]; ok {
+				info.Advantage = &v
+			}
+			st.Sessions[s.ID] = info
+			calls += len(s.Calls)
+		}
+	}
+	if err := archive.WriteStep(a.Dir, st, a.Mem, func(s archive.Stage) { a.stage(string(s)) }); err != nil {
+		return err
+	}
+	if err := a.Store.ForgetStep(n); err != nil {
+		return fmt.Errorf("archived step %d, removing it from the store: %w", n, err)
+	}
+	a.stage("forgotten")
+	a.Log.Info("step archived", "step", n, "groups", len(sc.Groups), "calls", calls, "dir", a.Dir,
+		"took", time.Since(began).Round(time.Millisecond))
+	return nil
+}
+
+// archiveDropped archives and forgets the dropped groups in the store; it returns how
+// many.
+func (a *Archiver) archiveDropped() (int, error) {
+	gs, err := a.Store.Groups()
+	if err != nil {
+		return 0, fmt.Errorf("listing groups: %w", err)
+	}
+	n := 0
+	for _, gs := range gs {
+		if !gs.Dropped || gs.Step >= 0 {
+			continue
+		}
+		g, reason, times, err := a.Store.DroppedGroup(gs.ID)
+		if err != nil {
+			return n, fmt.Errorf("archiving dropped group %s: %w", gs.ID, err)
+		}
+		info := make(map[string]archive.SessionInfo, len(times))
+		for sid, t := range times {
+			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
+		}
+		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, func(s archive.Stage) { a.stage("dropped-" + string(s)) }); err != nil {
+			return n, err
+		}
+		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
+			return n, fmt.Errorf("archived dropped group %s, removing it from the store: %w", gs.ID, err)
+		}
+		a.stage("dropped-forgotten")
+		a.Log.Info("dropped group archived", "group", gs.ID, "reason", reason, "dir", a.Dir)
+		n++
+	}
+	return n, nil
+}
+
+// advantages are group g's sessions' advantages as the step former's examination
+// computed them: under -drop-failed failed and timed-out sessions left the group (no
+// advantage); otherwise a failed one is out of the baseline (0). A group whose
+// advantages cannot be computed gets none.
+func (a *Archiver) advantages(g *trace.Group) map[string]float64 {
+	u, _ := Config{DropFailed: a.DropFailed}.usable(*g, 0)
+	in := u.Sessions
+	adv, err := batcher.SessionAdvantages(a.Advantage, in)
+	if err != nil {
+		a.Log.Warn("archiving a group without advantages", "group", g.ID, "err", err)
+		return nil
+	}
+	out := make(map[string]float64, len(in))
+	for i, s := range in {
+		out[s.ID] = adv[i]
+	}
+	return out
+}
+
+// archiveDir is where cfg's archive goes.
+func (cfg Config) archiveDir() string {
+	if cfg.ArchiveDir != "" {
+		return cfg.ArchiveDir
+	}
+	return filepath.Join(cfg.DataDir, ArchiveDirName)
+}

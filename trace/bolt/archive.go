@@ -1,0 +1,314 @@
+package bolt
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/floe-rl/floe/trace"
+)
+
+// Retention: once a step is committed and written to the Parquet archive (sidecar), its
+// groups, sessions, calls and keys leave the store in one transaction (ForgetStep), and
+// the step's record shrinks to a tombstone that keeps it committed: the numbering and
+// the exactly-once commit survive, and the archived sessions' keys no longer resolve, so
+// the proxy refuses them as unknown.
+
+// SessionTimes are when a session was created and finished (zero while running).
+type SessionTimes struct {
+	Created, Finished time.Time
+}
+
+// StepContents is a committed step with everything it was formed from.
+type StepContents struct {
+	Record      trace.StepRecord
+	CommittedAt time.Time
+	// Groups are the step's groups in its order, each with its sessions (in creation
+	// order) and their calls.
+	Groups []trace.Group
+	Times  map[string]SessionTimes // by session id
+}
+
+// ArchivableSteps lists the committed steps whose data is still in the store (not yet
+// forgotten), by number.
+func (s *Store) ArchivableSteps() ([]int64, error) {
+	var out []int64
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
+			var sv stepValue
+			if len(k) != 8 {
+				return fmt.Errorf("%w: step key %x", ErrCorrupt, k)
+			}
+			if err := json.Unmarshal(v, &sv); err != nil {
+				return fmt.Errorf("%w: step %x: %v", ErrCorrupt, k, err)
+			}
+			if sv.Committed && !sv.Archived {
+				out = append(out, int64(binary.BigEndian.Uint64(k)))
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+// CommittedStep reads committed step n with its groups, sessions and calls, in one read
+// transaction. ErrUnknownStep for a step never saved; an error for one not committed or
+// already forgotten.
+func (s *Store) CommittedStep(n int64) (StepContents, error) {
+	var out StepContents
+	err := s.view(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return err
+		}
+		if !sv.Committed || sv.Archived {
+			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
+		}
+		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
+			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt,
+			Times: map[string]SessionTimes{}}
+		for _, gid := range sv.Groups {
+			g, err := readGroupWithTimes(tx, gid, out.Times)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", n, err)
+			}
+			out.Groups = append(out.Groups, g)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// readGroupWithTimes reads group gid with its sessions and their calls, adding the
+// sessions' times to times.
+func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) (trace.Group, error) {
+	b, gi, err := groupBucket(tx, gid)
+	if err != nil {
+		return trace.Group{}, err
+	}
+	g := trace.Group{ID: gid, TaskID: gi.Task}
+	err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+		sess, _, err := readSession(tx, string(sid), true)
+		if err != nil {
+			return err
+		}
+		_, info, err := sessionBucket(tx, string(sid))
+		if err != nil {
+			return err
+		}
+		times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
+		g.Sessions = append(g.Sessions, sess)
+		return nil
+	})
+	if err != nil {
+		return trace.Group{}, fmt.Errorf("group %s: %w", gid, err)
+	}
+	return g, nil
+}
+
+// DroppedGroup reads dropped group id with its sessions, their calls and times, and the
+// reason it was dropped. An error for a group not dropped.
+func (s *Store) DroppedGroup(id string) (trace.Group, string, map[string]SessionTimes, error) {
+	var g trace.Group
+	var reason string
+	times := map[string]SessionTimes{}
+	err := s.view(func(tx *bolt.Tx) error {
+		_, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		if !gi.Dropped || gi.Step >= 0 {
+			return fmt.Errorf("group %q is not dropped", id)
+		}
+		reason = gi.DropReason
+		g, err = readGroupWithTimes(tx, id, times)
+		return err
+	})
+	return g, reason, times, err
+}
+
+func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
+	var sv stepValue
+	raw := tx.Bucket(bSteps).Get(seqKey(uint64(n)))
+	if n < 0 || raw == nil {
+		return sv, fmt.Errorf("step %d: %w", n, ErrUnknownStep)
+	}
+	if err := json.Unmarshal(raw, &sv); err != nil {
+		return sv, fmt.Errorf("%w: step %d: %v", ErrCorrupt, n, err)
+	}
+	return sv, nil
+}
+
+// ForgetStep removes committed step n's groups, their sessions with their calls and API
+// keys, in one durable transaction, and keeps the step as a committed tombstone
+// (archived). Call it once the step is safely archived. Forgetting a step again is a
+// no-op; a step not committed is refused. The usage totals lose what was removed and
+// count it as archived.
+func (s *Store) ForgetStep(n int64) error {
+	var gone []string
+	err := s.write(func(tx *bolt.Tx) error {
+		gone = gone[:0] // fn may run again
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
+		if !sv.Committed {
+			return fmt.Errorf("forget step %d: not committed", n)
+		}
+		if sv.Archived {
+			return nil
+		}
+		removed, err := removeGroups(tx, sv.Groups, &gone)
+		if err != nil {
+			return fmt.Errorf("forget step %d: %w", n, err)
+		}
+		if err := updateTotals(tx, func(t *Totals) { t.archived(removed); t.ArchivedSteps++ }); err != nil {
+			return err
+		}
+		sv.Groups, sv.Archived = nil, true
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+	})
+	if err != nil {
+		return err
+	}
+	s.dropCaches(gone)
+	return nil
+}
+
+// ForgetDroppedGroup removes dropped group id, its sessions with their calls and keys, in
+// one durable write, once the group is archived. An unknown group (forgotten already) is
+// a no-op; a group not dropped is refused.
+func (s *Store) ForgetDroppedGroup(id string) error {
+	var gone []string
+	err := s.write(func(tx *bolt.Tx) error {
+		gone = gone[:0]
+		b := tx.Bucket(bGroups).Bucket([]byte(id))
+		if b == nil {
+			return nil
+		}
+		_, gi, err := groupBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		if !gi.Dropped || gi.Step >= 0 {
+			return fmt.Errorf("forget group %q: not dropped", id)
+		}
+		removed, err := removeGroups(tx, []string{id}, &gone)
+		if err != nil {
+			return fmt.Errorf("forget group %q: %w", id, err)
+		}
+		return updateTotals(tx, func(t *Totals) { t.archived(removed) })
+	})
+	if err != nil {
+		return err
+	}
+	s.dropCaches(gone)
+	return nil
+}
+
+// archived moves what was removed from the held figures to the archived ones.
+func (t *Totals) archived(removed Totals) {
+	t.Sessions -= removed.Sessions
+	t.Calls -= removed.Calls
+	t.PromptIDs -= removed.PromptIDs
+	t.CallBytes -= removed.CallBytes
+	t.JSONBytes -= removed.JSONBytes
+	t.ArchivedSessions += removed.Sessions
+	t.ArchivedCalls += removed.Calls
+}
+
+// removeGroups deletes groups gids, their sessions with their calls, and those
+// sessions' keys, in tx; it appends the sessions to gone and returns what it removed.
+func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
+	groups, sessions := tx.Bucket(bGroups), tx.Bucket(bSessions)
+	var removed Totals
+	first := len(*gone)
+	for _, gid := range gids {
+		g := groups.Bucket([]byte(gid))
+		if g == nil {
+			return removed, fmt.Errorf("%w: group %q is missing", ErrCorrupt, gid)
+		}
+		if err := g.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+			*gone = append(*gone, string(sid))
+			return nil
+		}); err != nil {
+			return removed, err
+		}
+		if err := groups.DeleteBucket([]byte(gid)); err != nil {
+			return removed, err
+		}
+	}
+	ids := map[string]bool{}
+	for _, sid := range (*gone)[first:] {
+		ids[sid] = true
+		b := sessions.Bucket([]byte(sid))
+		if b == nil {
+			return removed, fmt.Errorf("%w: session %q is missing", ErrCorrupt, sid)
+		}
+		removed.Sessions++
+		if err := b.Bucket(kCalls).ForEach(func(_, v []byte) error {
+			np, blob, err := callSizes(v)
+			if err != nil {
+				return fmt.Errorf("%w: session %q: %v", ErrCorrupt, sid, err)
+			}
+			removed.Calls++
+			removed.PromptIDs += int64(np)
+			removed.CallBytes += int64(len(v))
+			removed.JSONBytes += int64(blob)
+			return nil
+		}); err != nil {
+			return removed, err
+		}
+		if err := sessions.DeleteBucket([]byte(sid)); err != nil {
+			return removed, err
+		}
+	}
+	// The keys bucket holds the live sessions' keys only, so this scan is bounded by them.
+	keys := tx.Bucket(bKeys)
+	var dead [][]byte
+	if err := keys.ForEach(func(k, v []byte) error {
+		if ids[string(v)] {
+			dead = append(dead, append([]byte{}, k...))
+		}
+		return nil
+	}); err != nil {
+		return removed, err
+	}
+	for _, k := range dead {
+		if err := keys.Delete(k); err != nil {
+			return removed, err
+		}
+	}
+	return removed, nil
+}
+
+// dropCaches forgets the Record caches of sessions no longer in the store.
+func (s *Store) dropCaches(gone []string) {
+	for _, sid := range gone {
+		s.mu.Lock()
+		sc := s.cache[sid]
+		s.mu.Unlock()
+		if sc != nil {
+			sc.mu.Lock()
+			s.dropCache(sid, sc)
+			sc.mu.Unlock()
+		}
+	}
+}
+
+// ForEachSession calls fn with every session in the store and its calls, by id, in one
+// read transaction (floe export).
+func (s *Store) ForEachSession(fn func(trace.Session) error) error {
+	return s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSessions).ForEachBucket(func(id []byte) error {
+			sess, _, err := readSession(tx, string(id), true)
+			if err != nil {
+				return err
+			}
+			return fn(sess)
+		})
+	})
+}

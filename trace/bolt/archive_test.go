@@ -1,0 +1,269 @@
+package bolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/floe-rl/floe/trace"
+)
+
+// fillGroup creates group gid of sessions sessions (keys "key-<session>"), records calls
+// calls in each from rng, and finishes them. It returns the calls recorded, by session.
+func fillGroup(t testing.TB, s *Store, gid string, sessions, calls int, rng *rand.Rand) map[string][]trace.Call {
+	t.Helper()
+	out := map[string][]trace.Call{}
+	for i := range sessions {
+		sid := fmt.Sprintf("%s-s%d", gid, i)
+		if err := s.CreateSession(trace.Session{ID: sid, TaskID: "task-" + gid, GroupID: gid}, "key-"+sid, sessions); err != nil {
+			t.Fatal(err)
+		}
+		prompt := toks(rng, 200)
+		for range calls {
+			c := call(sid, prompt, toks(rng, 50), rng)
+			c.Request = []byte(fmt.Sprintf(`{"messages":%d}`, len(prompt)))
+			if err := s.Record(context.Background(), &c); err != nil {
+				t.Fatal(err)
+			}
+			out[sid] = append(out[sid], c)
+			prompt = cat(prompt, c.ResponseIDs, toks(rng, 30))
+		}
+		if err := s.FinishSession(sid, float64(i), trace.StatusCompleted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// TestForgetStep: a committed step's groups, sessions, calls and keys leave the store in
+// one write; the step stays committed (no second commit, no second save, the numbering
+// goes on), also after a restart; other groups are untouched.
+func TestForgetStep(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	fillGroup(t, s, "g0", 2, 3, rng)
+	kept := fillGroup(t, s, "g1", 2, 3, rng)
+	if err := s.SaveStep(0, []string{"g0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStep(0); err == nil {
+		t.Fatal("forgot an uncommitted step")
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ArchivableSteps(); err != nil || !slices.Equal(got, []int64{0}) {
+		t.Fatalf("archivable %v %v, want [0]", got, err)
+	}
+	st, err := s.CommittedStep(0)
+	if err != nil || len(st.Groups) != 1 || len(st.Groups[0].Sessions) != 2 || len(st.Groups[0].Sessions[1].Calls) != 3 ||
+		st.CommittedAt.IsZero() || st.Times["g0-s1"].Finished.IsZero() {
+		t.Fatalf("committed step %+v %v", st, err)
+	}
+	before, _ := s.Usage()
+	for range 2 { // the second is a no-op
+		if err := s.ForgetStep(0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 2 {
+		if round == 1 {
+			s = reopen(t, s, dir)
+		}
+		if _, err := s.Resolve("key-g0-s0"); !errors.Is(err, ErrUnknownSession) {
+			t.Fatalf("round %d: archived session's key resolves: %v", round, err)
+		}
+		if _, err := s.Session("g0-s0"); !errors.Is(err, ErrUnknownSession) {
+			t.Fatalf("round %d: archived session reads: %v", round, err)
+		}
+		if _, err := s.Group("g0"); !errors.Is(err, ErrUnknownGroup) {
+			t.Fatalf("round %d: archived group reads: %v", round, err)
+		}
+		gs, err := s.Groups()
+		if err != nil || len(gs) != 1 || gs[0].ID != "g1" {
+			t.Fatalf("round %d: groups %+v %v, want g1 only", round, gs, err)
+		}
+		if err := s.CommitStep(0); !errors.Is(err, ErrCommitted) {
+			t.Fatalf("round %d: second commit: %v", round, err)
+		}
+		if err := s.SaveStep(0, []string{"g1"}); !errors.Is(err, ErrCommitted) {
+			t.Fatalf("round %d: saving over an archived step: %v", round, err)
+		}
+		if un, last, err := s.Steps(); err != nil || len(un) != 0 || last != 0 {
+			t.Fatalf("round %d: steps %v %d %v", round, un, last, err)
+		}
+		if c, err := s.StepCommitted(0); err != nil || !c {
+			t.Fatalf("round %d: step 0 committed %v %v", round, c, err)
+		}
+		if got, err := s.ArchivableSteps(); err != nil || len(got) != 0 {
+			t.Fatalf("round %d: archivable %v %v", round, got, err)
+		}
+		sess, err := s.Resolve("key-g1-s1")
+		if err != nil || sess.ID != "g1-s1" {
+			t.Fatalf("round %d: kept key: %+v %v", round, sess, err)
+		}
+		got, err := s.Session("g1-s1")
+		if err != nil || len(got.Calls) != 3 {
+			t.Fatalf("round %d: kept session %v", round, err)
+		}
+		for k := range got.Calls {
+			if err := equalCall(&got.Calls[k], &kept["g1-s1"][k]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u, err := s.Usage()
+		if err != nil || u.Sessions != before.Sessions-2 || u.Calls != before.Calls-6 || u.ArchivedCalls != 6 ||
+			u.ArchivedSessions != 2 || u.ArchivedSteps != 1 || u.CallBytes >= before.CallBytes {
+			t.Fatalf("round %d: usage %+v, before %+v", round, u, before)
+		}
+	}
+	// The numbering goes on after the archived step.
+	if err := s.SaveStep(1, []string{"g1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(1); err != nil {
+		t.Fatal(err)
+	}
+	if _, last, err := s.Steps(); err != nil || last != 1 {
+		t.Fatalf("last committed %d %v", last, err)
+	}
+	s.Close()
+}
+
+// TestCompactShrinksAndKeeps: after most of the store is forgotten, CompactIfWorth
+// rewrites it smaller, every kept call reads back the same, and writes made during the
+// compaction land (they wait for it, in every commit mode).
+func TestCompactShrinksAndKeeps(t *testing.T) {
+	for _, mode := range []CommitMode{CommitGroup, CommitUpdate} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			dir := t.TempDir()
+			s := open(t, dir, Options{Commit: mode})
+			defer func() { s.Close() }()
+			rng := rand.New(rand.NewPCG(3, 4))
+			for i := range 20 {
+				fillGroup(t, s, fmt.Sprintf("g%02d", i), 4, 8, rng)
+				if err := s.SaveStep(int64(i), []string{fmt.Sprintf("g%02d", i)}); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.CommitStep(int64(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			kept := fillGroup(t, s, "live", 2, 4, rng)
+			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1}); err != nil || c.Compacted {
+				t.Fatalf("compacted a store with nothing to gain: %+v %v", c, err)
+			}
+			for i := range 20 {
+				if err := s.ForgetStep(int64(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A session recording while the store compacts.
+			if err := s.CreateSession(trace.Session{ID: "during", TaskID: "t", GroupID: "gd"}, "key-during", 0); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var recorded []trace.Call
+			var recErr error
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(9, 9))
+				for range 50 {
+					c := call("during", toks(r, 100), toks(r, 10), r)
+					if recErr = s.Record(context.Background(), &c); recErr != nil {
+						return
+					}
+					recorded = append(recorded, c)
+				}
+			}()
+			c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1})
+			wg.Wait()
+			if err != nil || recErr != nil {
+				t.Fatalf("compact: %v; record during it: %v", err, recErr)
+			}
+			if !c.Compacted || c.AfterBytes >= c.BeforeBytes || c.LiveBytes > c.AfterBytes {
+				t.Fatalf("compaction %+v: want a smaller file", c)
+			}
+			fi, _ := os.Stat(s.Path())
+			t.Logf("%+v; file now %d bytes", c, fi.Size())
+			if _, err := os.Stat(s.Path() + compactSuffix); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("compaction copy left: %v", err)
+			}
+			check := func() {
+				for sid, calls := range kept {
+					got, err := s.Session(sid)
+					if err != nil || len(got.Calls) != len(calls) {
+						t.Fatalf("session %s after compaction: %v", sid, err)
+					}
+					for k := range calls {
+						if err := equalCall(&got.Calls[k], &calls[k]); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				got, err := s.Session("during")
+				if err != nil || len(got.Calls) != len(recorded) {
+					t.Fatalf("session recorded during compaction: %d calls, want %d (%v)", len(got.Calls), len(recorded), err)
+				}
+				if _, last, err := s.Steps(); err != nil || last != 19 {
+					t.Fatalf("last committed %d %v", last, err)
+				}
+			}
+			check()
+			s = reopen(t, s, dir)
+			check()
+		})
+	}
+}
+
+// TestForgetDroppedGroup: a dropped group reads back with its reason, leaves the store
+// with its sessions and keys in one write, and forgetting it again is a no-op; a group
+// not dropped is refused.
+func TestForgetDroppedGroup(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(7, 8))
+	fillGroup(t, s, "gd", 2, 2, rng)
+	kept := fillGroup(t, s, "gk", 2, 2, rng)
+	if err := s.ForgetDroppedGroup("gd"); err == nil {
+		t.Fatal("forgot a group not dropped")
+	}
+	if _, _, _, err := s.DroppedGroup("gd"); err == nil {
+		t.Fatal("read a group not dropped as dropped")
+	}
+	if err := s.DropGroup("gd", "too few usable sessions"); err != nil {
+		t.Fatal(err)
+	}
+	g, reason, times, err := s.DroppedGroup("gd")
+	if err != nil || reason != "too few usable sessions" || len(g.Sessions) != 2 || len(g.Sessions[0].Calls) != 2 ||
+		times["gd-s1"].Finished.IsZero() {
+		t.Fatalf("dropped group %+v %q %v", g, reason, err)
+	}
+	for range 2 {
+		if err := s.ForgetDroppedGroup("gd"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = reopen(t, s, dir)
+	if _, err := s.Resolve("key-gd-s0"); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("forgotten key resolves: %v", err)
+	}
+	gs, err := s.Groups()
+	if err != nil || len(gs) != 1 || gs[0].ID != "gk" {
+		t.Fatalf("groups %+v %v", gs, err)
+	}
+	if got, err := s.Session("gk-s0"); err != nil || len(got.Calls) != len(kept["gk-s0"]) {
+		t.Fatalf("kept session %v", err)
+	}
+	if u, err := s.Usage(); err != nil || u.Sessions != 2 || u.ArchivedSessions != 2 || u.ArchivedCalls != 4 || u.ArchivedSteps != 0 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+}
