@@ -15,16 +15,20 @@ import (
 	"time"
 )
 
-// liteLLMConfig serves the fake vLLM as LiteLLM's OpenAI-compatible provider under the
-// model name the requests use.
+// liteLLMConfig serves the fake vLLM as LiteLLM's vLLM provider (OpenAI-compatible)
+// under the model name the requests use, without the cool-down that would refuse every
+// dialect for a while after one failed.
 const liteLLMConfig = `model_list:
   - model_name: m
     litellm_params:
-      model: openai/m
+      model: hosted_vllm/m
       api_base: %s/v1
       api_key: none
 general_settings:
   master_key: %s
+router_settings:
+  disable_cooldowns: true
+  num_retries: 0
 litellm_settings:
   drop_params: true
   turn_off_message_logging: true

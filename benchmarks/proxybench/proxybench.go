@@ -105,7 +105,8 @@ func upstream(chunks int) http.Handler {
 	}
 	lps := make([]map[string]any, chunks)
 	for i := range lps {
-		lps[i] = map[string]any{"token": "x", "logprob": -0.5}
+		// Every field of OpenAI's token log-prob, which OpenAI's client (LiteLLM's) requires.
+		lps[i] = map[string]any{"token": "x", "logprob": -0.5, "bytes": []int{120}, "top_logprobs": []any{}}
 	}
 	full := mustJSON(map[string]any{
 		"id": "c", "object": "chat.completion", "created": 1, "model": "m", "prompt_token_ids": []int32{1, 2, 3},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	fs := cli.NewFlagSet("floe-bench proxy", proxyUsage, stderr)
+	dialects := fs.String("dialects", "", "dialects to measure, comma-separated (openai_chat, openai_responses, anthropic, gemini); empty: all")
 	sizes := fs.String("request-bytes", "65536,524288", "request body sizes, comma-separated")
 	n := fs.Int("requests", 300, "sequential requests per dialect, size, mode and target")
 	chunks := fs.Int("chunks", 64, "chunks in a streamed answer")
@@ -53,11 +55,21 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		sz = append(sz, v)
 	}
+	var ds []proxybench.Dialect
+	for _, d := range strings.Split(*dialects, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if !slices.Contains(proxybench.AllDialects, proxybench.Dialect(d)) {
+			return fmt.Errorf("-dialects: unknown dialect %q", d)
+		}
+		ds = append(ds, proxybench.Dialect(d))
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("finding floe-bench to run the proxy: %w", err)
 	}
-	rep, err := proxybench.Run(ctx, proxybench.Options{Sizes: sz, Requests: *n, StreamChunks: *chunks,
+	rep, err := proxybench.Run(ctx, proxybench.Options{Dialects: ds, Sizes: sz, Requests: *n, StreamChunks: *chunks,
 		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, LiteLLM: *litellm, LiteLLMRequests: *llN,
 		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, Progress: stderr})
 	if err != nil {
