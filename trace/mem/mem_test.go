@@ -31,7 +31,9 @@ func TestConformanceWithRetention(t *testing.T) {
 	stores := tracetest.Factory[tracetest.Store]{New: func(*testing.T) tracetest.Store { return &Store{MaxStoredBytes: 1 << 30} }}
 	t.Run("Recorder", func(t *testing.T) {
 		tracetest.Recorder(t, tracetest.Factory[tracetest.RecorderStore]{
-			New: func(*testing.T) tracetest.RecorderStore { return tracetest.StoreRecorder(&Store{MaxStoredBytes: 1 << 30}) },
+			New: func(*testing.T) tracetest.RecorderStore {
+				return tracetest.StoreRecorder(&Store{MaxStoredBytes: 1 << 30})
+			},
 		})
 	})
 	t.Run("Sessions", func(t *testing.T) { tracetest.Sessions(t, stores) })
