@@ -97,14 +97,7 @@ func decodeString(s []byte) (string, error) {
 		return "", errMalformed
 	}
 	in := s[1 : len(s)-1]
-	plain := true
-	for _, c := range in {
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			plain = false
-			break
-		}
-	}
-	if plain {
+	if asciiPrefix(in) == len(in) {
 		return string(in), nil
 	}
 	out := make([]byte, 0, len(in))
@@ -178,12 +171,7 @@ func decodeString(s []byte) (string, error) {
 
 // plainRun reports whether run is valid UTF-8 without control characters or quotes.
 func plainRun(run []byte) bool {
-	for _, c := range run {
-		if c < 0x20 || c == '"' {
-			return false
-		}
-	}
-	return utf8.Valid(run)
+	return plainPrefix(run) == len(run) && utf8.Valid(run) // run holds no backslash
 }
 
 // hex4 reads the four hex digits at b[i:i+4].

@@ -107,9 +107,7 @@ func validLiteral(b []byte, i int, lit string) (int, bool) {
 func validString(b []byte, i int) (int, bool) {
 	for i++; i < len(b); i++ {
 		// Skip the plain bytes first: most of a string is plain text.
-		for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
-			i++
-		}
+		i += plainPrefix(b[i:])
 		if i >= len(b) {
 			break
 		}
