@@ -5,7 +5,7 @@
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
-#   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
+#   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md (every dialect, beside LiteLLM in its own venv)
 #   make bench-trl     regenerate benchmarks/results/trl/REPORT.md (floe's packer against TRL 1.16's tree packing)
 #   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
@@ -25,7 +25,7 @@ STAMP    := $(VENV)/.floe-python-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
 all: test
 
@@ -95,9 +95,18 @@ bench-report:
 bench-flight: venv
 	$(VPY) benchmarks/flight_bench.py --out benchmarks/results/flight/REPORT.md
 
-# Proxy overhead against a zero-latency fake upstream.
-bench-proxy:
-	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
+# The proxy's cost per dialect and request size against a zero-latency fake upstream,
+# LiteLLM's proxy beside it (installed into its own venv, away from the bridge's), and
+# floe proxy's memory under load before and after its retention limit.
+LITELLM_VENV := .venv-litellm
+bench-proxy: bench-proxy-litellm
+	$(GO) run ./cmd/floe-bench proxy -litellm $(LITELLM_VENV)/bin/litellm -memory 20s -out benchmarks/results/proxy/REPORT.md
+
+bench-proxy-litellm: $(LITELLM_VENV)/bin/litellm
+
+$(LITELLM_VENV)/bin/litellm: | venv
+	$(VENV)/bin/uv venv --python $(PYTHON) $(LITELLM_VENV)
+	$(VENV)/bin/uv pip install --python $(LITELLM_VENV)/bin/python 'litellm[proxy]'
 
 # floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
 # trl extra, which make venv installs), on the same corpus calls, one core each; the before column is floe-bench
