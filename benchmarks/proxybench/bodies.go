@@ -35,7 +35,7 @@ func (d Dialect) Label() string {
 	return string(d)
 }
 
-// request is one prepared call: where it goes, how it authenticates, and its body.
+// request is one prepared call: where it goes and its body.
 type request struct {
 	path string
 	body []byte

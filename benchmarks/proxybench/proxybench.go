@@ -200,7 +200,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = measure(ctx, opt, rep, client, "floe", up.URL, px, opt.Dialects, opt.Requests)
+	err = measure(ctx, opt, rep, client, "floe", up.URL, px, opt.Dialects, max(opt.Requests, 1))
 	px.stop()
 	if err != nil {
 		return nil, err

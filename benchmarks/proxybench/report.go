@@ -83,7 +83,9 @@ func (r *Report) Summary() string {
 					name += " " + r.LiteLLM
 				}
 				if ns.Err != "" && st.Err != "" {
-					fmt.Fprintf(&b, "| %s | %s | %d KiB | cannot serve it: %s | | | | | |\n", name, d.Label(), size>>10, cell(ns.Err))
+					// The whole answer is in the table of every latency below.
+					short, _, _ := strings.Cut(ns.Err, ":")
+					fmt.Fprintf(&b, "| %s | %s | %d KiB | cannot serve it (%s) | | | | | |\n", name, d.Label(), size>>10, cell(short))
 					continue
 				}
 				added := func(l *Latency, p99 bool) string {
