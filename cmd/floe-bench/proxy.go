@@ -84,7 +84,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			cmd += " -litellm .venv-litellm/bin/litellm"
 		}
 		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. The proxy runs as a child process with GOMAXPROCS=1; the fake upstream and the clients run in the benchmark's process. "+
-			"The machine is shared (other jobs ran during the measurement): compare rows of one run, and read ratios rather than absolute figures.\n\n"+
+			"Measured on a busy 2-core machine, shared with other jobs that ran during the measurement: compare rows of one run, and read ratios rather than absolute figures.\n\n"+
 			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
 			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+
 			"LiteLLM runs as its own proxy (`litellm --num_workers 1`, the fake upstream as its `hosted_vllm` provider, one Python process); where it cannot serve a dialect, the row says what it answered. "+
