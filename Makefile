@@ -5,7 +5,7 @@
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
-#   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md
+#   make bench-proxy   regenerate benchmarks/results/proxy/REPORT.md (every dialect, beside LiteLLM in its own venv)
 #   make bench-trl     regenerate benchmarks/results/trl/REPORT.md (floe's packer against TRL 1.16's tree packing)
 #   make bench-capacity regenerate benchmarks/results/capacity (one floe serve under R sessions and T Flight ranks)
 #   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
@@ -26,7 +26,7 @@ STAMP    := $(VENV)/.floe-python-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-capacity bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
 
 all: test
 
@@ -96,9 +96,18 @@ bench-report:
 bench-flight: venv
 	$(VPY) benchmarks/flight_bench.py --out benchmarks/results/flight/REPORT.md
 
-# Proxy overhead against a zero-latency fake upstream.
-bench-proxy:
-	$(GO) run ./cmd/floe-bench proxy -out benchmarks/results/proxy/REPORT.md
+# The proxy's cost per dialect and request size against a zero-latency fake upstream,
+# LiteLLM's proxy beside it (installed into its own venv, away from the bridge's), and
+# floe proxy's memory under load before and after its retention limit.
+LITELLM_VENV := .venv-litellm
+bench-proxy: bench-proxy-litellm
+	$(GO) run ./cmd/floe-bench proxy -litellm $(LITELLM_VENV)/bin/litellm -memory 20s -out benchmarks/results/proxy/REPORT.md
+
+bench-proxy-litellm: $(LITELLM_VENV)/bin/litellm
+
+$(LITELLM_VENV)/bin/litellm: | venv
+	$(VENV)/bin/uv venv --python $(PYTHON) $(LITELLM_VENV)
+	$(VENV)/bin/uv pip install --python $(LITELLM_VENV)/bin/python 'litellm[proxy]'
 
 # One floe serve (built by the benchmark with go build) under R concurrent streaming agent
 # sessions and T trainer-rank processes on loopback: calls recorded/s, added latency, memory

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/floe-rl/floe/benchmarks/proxybench"
@@ -13,34 +16,79 @@ import (
 
 const proxyUsage = `usage: floe-bench proxy [flags]
 
-Measures the proxy's added latency (each request sent straight to a zero-latency fake vLLM
-and through the proxy in front of it, alternately) and its concurrent streaming
-throughput, and prints the table.
+Measures the proxy's cost in every dialect (OpenAI chat and Responses, Anthropic
+Messages, Gemini), at each request size, streaming and not: added latency (each request
+sent straight to a zero-latency fake vLLM and through the proxy in front of it,
+alternately), concurrent streaming throughput with the proxy on one core, and its CPU
+time per request. With -litellm, LiteLLM's proxy is measured the same way beside it; with
+-memory, the proxy's RSS under load, its stored calls unbounded and then bounded.
 
 `
 
-// runProxy is the proxy overhead benchmark.
+// runProxy is the proxy cost benchmark. The proxy runs as a child: this program again,
+// serving when proxybench.ServeEnv is set.
 func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if served, err := proxybench.ServeFromEnv(ctx, stdout); served {
+		return err
+	}
 	fs := cli.NewFlagSet("floe-bench proxy", proxyUsage, stderr)
-	size := fs.Int("request-bytes", 64<<10, "request body size")
-	n := fs.Int("requests", 500, "sequential requests per mode and target")
+	dialects := fs.String("dialects", "", "dialects to measure, comma-separated (openai_chat, openai_responses, anthropic, gemini); empty: all")
+	sizes := fs.String("request-bytes", "65536,524288", "request body sizes, comma-separated")
+	n := fs.Int("requests", 300, "sequential requests per dialect, size, mode and target")
 	chunks := fs.Int("chunks", 64, "chunks in a streamed answer")
-	conc := fs.Int("concurrency", 256, "concurrent streaming sessions")
-	dur := fs.Duration("duration", 10*time.Second, "length of the concurrent phase")
+	conc := fs.Int("concurrency", 64, "concurrent streaming sessions")
+	dur := fs.Duration("duration", 5*time.Second, "length of each throughput phase")
+	litellm := fs.String("litellm", "", "LiteLLM's litellm command, to measure it beside floe (make bench-proxy-litellm)")
+	llN := fs.Int("litellm-requests", 40, "sequential requests per mode and target for LiteLLM")
+	mem := fs.Duration("memory", 0, "also measure the proxy's RSS under load for this long, before and after the retention limit")
+	maxStored := fs.Int64("max-stored-bytes", 256<<20, "the in-memory store's retention limit (floe proxy's default)")
+	profile := fs.String("cpuprofile", "", "write the proxy's CPU profile of the latency and throughput phases to this file")
 	out := fs.String("out", "", "also write the report (Markdown) to this file")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
-	rep, err := proxybench.Run(ctx, proxybench.Options{RequestBytes: *size, Requests: *n, StreamChunks: *chunks,
-		Concurrency: *conc, Duration: *dur, Progress: stderr})
+	var sz []int
+	for _, s := range strings.Split(*sizes, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || v <= 0 {
+			return fmt.Errorf("-request-bytes %q: want positive sizes", *sizes)
+		}
+		sz = append(sz, v)
+	}
+	var ds []proxybench.Dialect
+	for _, d := range strings.Split(*dialects, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if !slices.Contains(proxybench.AllDialects, proxybench.Dialect(d)) {
+			return fmt.Errorf("-dialects: unknown dialect %q", d)
+		}
+		ds = append(ds, proxybench.Dialect(d))
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding floe-bench to run the proxy: %w", err)
+	}
+	rep, err := proxybench.Run(ctx, proxybench.Options{Dialects: ds, Sizes: sz, Requests: *n, StreamChunks: *chunks,
+		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, LiteLLM: *litellm, LiteLLMRequests: *llN,
+		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, Progress: stderr})
 	if err != nil {
 		return err
 	}
 	table := rep.Table()
 	fmt.Fprint(stdout, table)
 	if *out != "" {
-		cmd := fmt.Sprintf("floe-bench proxy -request-bytes %d -requests %d -chunks %d -concurrency %d -duration %s", *size, *n, *chunks, *conc, *dur)
-		doc := fmt.Sprintf("# Proxy overhead benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s\n\nEach request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference.\n\n%s",
+		cmd := fmt.Sprintf("floe-bench proxy -request-bytes %s -requests %d -chunks %d -concurrency %d -duration %s -litellm-requests %d -memory %s -max-stored-bytes %d",
+			*sizes, *n, *chunks, *conc, *dur, *llN, *mem, *maxStored)
+		if *litellm != "" {
+			cmd += " -litellm .venv-litellm/bin/litellm"
+		}
+		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. The proxy runs as a child process with GOMAXPROCS=1; the fake upstream and the clients run in the benchmark's process. "+
+			"Measured on a busy 2-core machine, shared with other jobs that ran during the measurement: compare rows of one run, and read ratios rather than absolute figures.\n\n"+
+			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
+			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+
+			"LiteLLM runs as its own proxy (`litellm --num_workers 1`, the fake upstream as its `hosted_vllm` provider, one Python process); where it cannot serve a dialect, the row says what it answered. "+
+			"The profiles behind the optimisations: [PROFILE.md](PROFILE.md).\n\n%s",
 			cmd, machine(), table)
 		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 			return fmt.Errorf("report: %w", err)

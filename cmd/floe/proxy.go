@@ -44,15 +44,19 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var sessions multiFlag
 	fs.Var(&sessions, "session", "KEY=SESSION: accept API key KEY for SESSION (repeatable)")
 	maxBody := fs.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "largest request body accepted")
+	maxStored := fs.Int64("max-stored-bytes", DefaultMaxStoredBytes, "bound on the recorded calls kept in memory: past it the oldest are dropped (counted at /metrics; -record keeps them all); 0 keeps every call")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if *maxStored < 0 {
+		return fmt.Errorf("-max-stored-bytes %d: want 0 (unbounded) or more", *maxStored)
+	}
 	eng, err := sidecar.NewUpstream(cfg, log, nil)
 	if err != nil {
 		return err
 	}
-	store := &mem.Store{}
+	store := &mem.Store{MaxStoredBytes: *maxStored}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" || v == "" {
@@ -90,7 +94,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		lis.Close()
 		return fmt.Errorf("control listen: %w", err)
 	}
-	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken}
+	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
+		Metrics: retentionMetrics{store}}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstreams", eng.Status())
@@ -101,6 +106,22 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, lis) })
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, cs, cl) })
 	return p.Wait()
+}
+
+// DefaultMaxStoredBytes bounds floe proxy's calls kept in memory (256 MiB): under load
+// with long agent histories it otherwise grew by gigabytes a minute.
+const DefaultMaxStoredBytes = 256 << 20
+
+// retentionMetrics serves the in-memory store's retention counts in Prometheus' text
+// format.
+type retentionMetrics struct{ store *mem.Store }
+
+func (m retentionMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	stored, dropped := m.store.Retention()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	fmt.Fprintf(w, "# HELP floe_proxy_stored_bytes Bytes of the recorded calls kept in memory (counted under -max-stored-bytes).\n# TYPE floe_proxy_stored_bytes gauge\nfloe_proxy_stored_bytes %d\n", stored)
+	fmt.Fprintf(w, "# HELP floe_proxy_dropped_calls_total Recorded calls dropped from memory by -max-stored-bytes.\n# TYPE floe_proxy_dropped_calls_total counter\nfloe_proxy_dropped_calls_total %d\n", dropped.Calls)
+	fmt.Fprintf(w, "# HELP floe_proxy_dropped_bytes_total Bytes of the recorded calls dropped from memory by -max-stored-bytes.\n# TYPE floe_proxy_dropped_bytes_total counter\nfloe_proxy_dropped_bytes_total %d\n", dropped.Bytes)
 }
 
 type multiFlag []string

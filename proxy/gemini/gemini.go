@@ -57,7 +57,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"strings"
@@ -808,67 +807,6 @@ func argsString(args json.RawMessage) string {
 		return "{}"
 	}
 	return string(canonJSON(args))
-}
-
-// canonJSON re-encodes a JSON value compactly with its key order and number literals
-// kept and strings written as UTF-8 rather than \u escapes, so that what the model reads
-// does not depend on how a client's JSON encoder escapes (Python's ensure_ascii, Go's
-// HTML escaping). Invalid input is returned compacted as is.
-func canonJSON(raw json.RawMessage) json.RawMessage {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var b, sb bytes.Buffer
-	enc := json.NewEncoder(&sb)
-	enc.SetEscapeHTML(false)
-	type frame struct {
-		obj bool
-		n   int
-	}
-	var stack []frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return compact(raw)
-		}
-		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-			stack = stack[:len(stack)-1]
-			b.WriteByte(byte(d))
-			continue
-		}
-		if len(stack) > 0 {
-			f := &stack[len(stack)-1]
-			switch {
-			case f.obj && f.n%2 == 1:
-				b.WriteByte(':')
-			case f.n > 0:
-				b.WriteByte(',')
-			}
-			f.n++
-		}
-		switch v := tok.(type) {
-		case json.Delim:
-			stack = append(stack, frame{obj: v == '{'})
-			b.WriteByte(byte(v))
-		case string:
-			sb.Reset()
-			_ = enc.Encode(v)
-			b.Write(bytes.TrimSuffix(sb.Bytes(), []byte("\n")))
-		case json.Number:
-			b.WriteString(string(v))
-		case bool:
-			if v {
-				b.WriteString("true")
-			} else {
-				b.WriteString("false")
-			}
-		case nil:
-			b.WriteString("null")
-		}
-	}
-	return b.Bytes()
 }
 
 // argsJSON is a Chat arguments string as a Gemini args object: the JSON object

@@ -97,29 +97,26 @@ func decodeString(s []byte) (string, error) {
 		return "", errMalformed
 	}
 	in := s[1 : len(s)-1]
-	plain := true
-	for _, c := range in {
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			plain = false
-			break
-		}
-	}
-	if plain {
+	if asciiPrefix(in) == len(in) {
 		return string(in), nil
 	}
 	out := make([]byte, 0, len(in))
 	for i := 0; i < len(in); {
-		// Copy the run up to the next escape whole when it is plain.
-		if j := bytes.IndexByte(in[i:], '\\'); j != 0 {
-			run := in[i:]
-			if j > 0 {
-				run = in[i : i+j]
-			}
-			if plainRun(run) {
+		// Copy the run up to the next escape whole when it is valid UTF-8, rune by rune
+		// (invalid bytes becoming U+FFFD) when it is not.
+		if n := plainPrefix(in[i:]); n > 0 {
+			run := in[i : i+n]
+			if utf8.Valid(run) {
 				out = append(out, run...)
-				i += len(run)
-				continue
+			} else {
+				for len(run) > 0 {
+					r, size := utf8.DecodeRune(run)
+					out = utf8.AppendRune(out, r) // RuneError for invalid bytes
+					run = run[size:]
+				}
 			}
+			i += n
+			continue
 		}
 		c := in[i]
 		switch {
@@ -174,16 +171,6 @@ func decodeString(s []byte) (string, error) {
 		}
 	}
 	return string(out), nil
-}
-
-// plainRun reports whether run is valid UTF-8 without control characters or quotes.
-func plainRun(run []byte) bool {
-	for _, c := range run {
-		if c < 0x20 || c == '"' {
-			return false
-		}
-	}
-	return utf8.Valid(run)
 }
 
 // hex4 reads the four hex digits at b[i:i+4].

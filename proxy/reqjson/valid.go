@@ -1,5 +1,9 @@
 package reqjson
 
+// Valid reports whether b is one well-formed JSON value, exactly as encoding/json.Valid
+// does, at about ten times its speed: for dialects that re-check a piece of a request.
+func Valid(b []byte) bool { return valid(b) }
+
 // valid reports whether b is one well-formed JSON value (RFC 8259, as encoding/json.Valid
 // decides it), surrounded by optional whitespace. It is the only full check of a body:
 // encoding/json's checks run at about a tenth of the speed and a long agent history is
@@ -103,9 +107,7 @@ func validLiteral(b []byte, i int, lit string) (int, bool) {
 func validString(b []byte, i int) (int, bool) {
 	for i++; i < len(b); i++ {
 		// Skip the plain bytes first: most of a string is plain text.
-		for i < len(b) && b[i] >= 0x20 && b[i] != '"' && b[i] != '\\' {
-			i++
-		}
+		i += plainPrefix(b[i:])
 		if i >= len(b) {
 			break
 		}

@@ -23,13 +23,40 @@ import (
 // for a session that was never created (floe proxy -session KEY=SESSION). A session's id
 // is never a key of it.
 type Store struct {
+	// MaxStoredBytes, when positive, bounds the calls kept: once their payloads (requests,
+	// token ids, log-probs, answers) pass it, the oldest calls recorded, of any session,
+	// are dropped until they fit again, so that a long-running floe proxy stays bounded
+	// (its -record file keeps every call). Indexes go on as if none were dropped. Zero
+	// keeps every call. Set it before the store's first use.
+	MaxStoredBytes int64
+
 	mu       sync.Mutex
 	keys     map[string]string
 	sessions map[string]*session
 	groups   map[string]*group
 	steps    map[int64]*trace.StepRecord
 	policy   int64
+	// retained is every kept call's session and size in the order recorded, oldest first,
+	// when MaxStoredBytes is set; stored is their sum.
+	retained []retainedCall
+	stored   int64
+	dropped  Dropped
 }
+
+// retainedCall is one kept call, in the order they were recorded.
+type retainedCall struct {
+	s    *session
+	size int64
+}
+
+// Dropped counts the calls the retention limit dropped, and their payload bytes.
+type Dropped struct {
+	Calls, Bytes int64
+}
+
+// callOverhead is what a kept call costs besides its payloads: the Call struct, its
+// strings and the bookkeeping (an estimate; the bound is what it is for).
+const callOverhead = 512
 
 var (
 	_ trace.CallRecorder   = (*Store)(nil)
@@ -150,7 +177,45 @@ func (m *Store) Record(ctx context.Context, c *trace.Call) error {
 	}
 	c.Index, s.next = index, next
 	s.s.Calls = append(s.s.Calls, cloneCall(*c))
+	if m.MaxStoredBytes > 0 {
+		m.retainLocked(s, callSize(c))
+	}
 	return nil
+}
+
+// callSize is a call's weight against MaxStoredBytes.
+func callSize(c *trace.Call) int64 {
+	return int64(callOverhead + len(c.Request) + len(c.UpstreamRequest) + len(c.Response) +
+		4*(len(c.PromptIDs)+len(c.ResponseIDs)+len(c.Logprobs)) + len(c.UntrainableReason))
+}
+
+// retainLocked counts s's newest call, of size bytes, and drops the oldest calls recorded
+// until the kept ones fit MaxStoredBytes (the newest is always kept); m.mu is held.
+// Calls are recorded in order within a session and retained in order across them, so
+// the oldest retained call is its session's first kept call.
+func (m *Store) retainLocked(s *session, size int64) {
+	m.retained = append(m.retained, retainedCall{s: s, size: size})
+	m.stored += size
+	for m.stored > m.MaxStoredBytes && len(m.retained) > 1 {
+		old := m.retained[0]
+		m.retained[0] = retainedCall{}
+		m.retained = m.retained[1:]
+		// Zeroed before it is sliced off, so its payloads are garbage now, not when the
+		// slice next grows.
+		old.s.s.Calls[0] = trace.Call{}
+		old.s.s.Calls = old.s.s.Calls[1:]
+		m.stored -= old.size
+		m.dropped.Calls++
+		m.dropped.Bytes += old.size
+	}
+}
+
+// Retention returns the bytes of the calls kept (counted only under MaxStoredBytes) and
+// what the limit dropped so far.
+func (m *Store) Retention() (stored int64, dropped Dropped) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stored, m.dropped
 }
 
 // cloneCall copies c's slices, so that the caller may reuse its buffers (the store does

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestProxyMaxStoredBytesDropsOldestCalls: floe proxy keeps the recorded calls in memory
+// under -max-stored-bytes, the oldest dropped first and counted at /metrics, while the
+// session's call indexes go on.
+func TestProxyMaxStoredBytesDropsOldestCalls(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	for _, tc := range []struct {
+		name        string
+		limit       string
+		wantIndexes []any // the calls the session keeps
+		wantDropped string
+	}{
+		// Any call is larger than one byte: only the newest is kept.
+		{name: "tiny limit", limit: "1", wantIndexes: []any{2.0}, wantDropped: "floe_proxy_dropped_calls_total 2\n"},
+		{name: "unbounded", limit: "0", wantIndexes: []any{0.0, 1.0, 2.0}, wantDropped: "floe_proxy_dropped_calls_total 0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw, _ := json.Marshal([]string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL,
+				"-session", "k=s", "-max-stored-bytes", tc.limit})
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs strings.Builder
+			cmd.Stderr = &logs
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}()
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err != nil {
+				t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
+			}
+			var addrs struct{ Proxy, Control string }
+			if err := json.Unmarshal([]byte(line), &addrs); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				req, _ := http.NewRequest(http.MethodPost, addrs.Proxy+"/v1/chat/completions", strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
+				req.Header.Set("Authorization", "Bearer k")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("call %d: %d", i, resp.StatusCode)
+				}
+			}
+			get := func(path string) []byte {
+				resp, err := http.Get(addrs.Control + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+				}
+				return b
+			}
+			var s struct{ Calls []map[string]any }
+			if err := json.Unmarshal(get("/floe/v1/sessions/s"), &s); err != nil {
+				t.Fatal(err)
+			}
+			var indexes []any
+			for _, c := range s.Calls {
+				indexes = append(indexes, c["index"])
+			}
+			if got, want := indexes, tc.wantIndexes; !reflect.DeepEqual(got, want) {
+				t.Errorf("session keeps calls %v, want %v", got, want)
+			}
+			if m := string(get("/metrics")); !strings.Contains(m, tc.wantDropped) {
+				t.Errorf("metrics lack %q:\n%s", tc.wantDropped, m)
+			}
+		})
+	}
+}
