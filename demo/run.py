@@ -19,9 +19,9 @@ with a reward through the control API. A live progress line shows sessions, grou
 formed and trained and the trainer's data-wait; at the end a summary compares the rows floe
 forwarded with ``tree`` against what ``per_request`` would forward for the same recorded
 calls, read back from the Parquet archive floe wrote once each step was committed
-(docs/archive.md). Everything is stopped (SIGTERM, then SIGKILL after a grace period) on the way out,
-also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this process dies
-(PR_SET_PDEATHSIG). The processes are started and stopped by ``floe_stack``.
+(docs/archive.md). Everything is stopped (SIGTERM, then SIGKILL after a grace period) on
+the way out, also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this
+process dies (PR_SET_PDEATHSIG). The processes are started and stopped by ``floe_stack``.
 """
 
 from __future__ import annotations
