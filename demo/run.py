@@ -18,9 +18,10 @@ sessions on the official ``openai`` SDK with two tools, through floe's proxy, ea
 with a reward through the control API. A live progress line shows sessions, groups, steps
 formed and trained and the trainer's data-wait; at the end a summary compares the rows floe
 forwarded with ``tree`` against what ``per_request`` would forward for the same recorded
-calls. Everything is stopped (SIGTERM, then SIGKILL after a grace period) on the way out,
-also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this process dies
-(PR_SET_PDEATHSIG). The processes are started and stopped by ``floe_stack``.
+calls, read back from the Parquet archive floe wrote once each step was committed
+(docs/archive.md). Everything is stopped (SIGTERM, then SIGKILL after a grace period) on
+the way out, also on Ctrl-C, SIGTERM or an error; children also get SIGTERM if this
+process dies (PR_SET_PDEATHSIG). The processes are started and stopped by ``floe_stack``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from floe_stack import Child, Stack, build_floe, refserver_argv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,6 +51,10 @@ import agent  # noqa: E402
 
 TOKEN_BUDGET = 4096
 PAD_MULTIPLE = 16
+# floe archives a step right after its commit (docs/archive.md); one that fails to is tried
+# again within a minute (there is no next commit after the last), so waiting longer than
+# that means it will not come
+ARCHIVE_WAIT_S = 90.0
 
 
 class Interrupted(Exception):
@@ -142,30 +149,75 @@ def fmt_rows(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def wait_archived(control: str, steps: int, timeout: float = ARCHIVE_WAIT_S) -> dict[str, Any]:
+    """Wait until floe has archived ``steps`` committed steps; return the status's store.
+
+    The trainer's last commit returns before floe archives that step (the archiver runs
+    after the commit), so the archive is read only once the store's ``archived_steps``
+    counts every committed step: a step row is written after its calls and sessions, and
+    the counter moves after all three files are in place.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        store = agent.get_json(f"{control}/floe/v1/status").get("store") or {}
+        done = store.get("archived_steps", 0)
+        if done >= steps:
+            return store
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"floe archived {done} of {steps} committed steps within {timeout:g}s "
+                "(its log says why: look for \"archiving committed steps\")")
+        time.sleep(0.1)
+
+
+@dataclass
+class CallFigures:
+    calls: int = 0  # calls recorded in the sessions (one row per choice)
+    trainable: int = 0
+    per_request_rows: int = 0  # Σ prompt + response over the trainable calls
+
+
+def archived_call_figures(archive_dir: str, session_ids: list[str]) -> CallFigures:
+    """Count the archived calls of these sessions (docs/archive.md, table ``calls``)."""
+    out = CallFigures()
+    if not session_ids:
+        return out
+    calls = ds.dataset(os.path.join(archive_dir, "calls"), format="parquet")
+    t = calls.to_table(columns=["prompt_ids", "response_ids", "trainable"],
+                       filter=ds.field("session_id").isin(session_ids))
+    out.calls = t.num_rows
+    t = t.filter(pc.field("trainable"))
+    out.trainable = t.num_rows
+    if t.num_rows:
+        out.per_request_rows = sum(pc.sum(pc.list_value_length(t[c])).as_py() for c in ("prompt_ids", "response_ids"))
+    return out
+
+
+def archive_bytes(archive_dir: str) -> int:
+    """The archive's size: every file under it."""
+    total = 0
+    for d, _, files in os.walk(archive_dir):
+        for f in files:
+            total += os.path.getsize(os.path.join(d, f))
+    return total
+
+
 def summarize(
     args: argparse.Namespace,
     state: State,
     results: list[agent.SessionResult],
-    control: str,
+    archive_dir: str,
     wall: float,
     trainer_wall: float,
 ) -> dict[str, Any]:
     steps = sorted(state.step_lines, key=lambda r: r["step"])
     trained_groups = len(steps) * args.groups_per_step
-    # per_request forwards every trainable call as its own sequence: prompt + response rows
-    per_request = tree_calls = 0
-    calls_total = 0
-    prompt_tokens = 0
-    for r in results:
-        if r.group >= trained_groups or r.status != "completed":
-            continue  # its group is in no trained step, or floe trains none of its tokens
-        sess = agent.get_json(f"{control}/floe/v1/sessions/{r.session_id}")
-        for c in sess.get("calls") or []:
-            calls_total += 1
-            if c.get("trainable"):
-                tree_calls += 1
-                per_request += len(c.get("prompt_ids") or []) + len(c.get("response_ids") or [])
-                prompt_tokens += len(c.get("prompt_ids") or [])
+    # per_request forwards every trainable call as its own sequence: prompt + response rows.
+    # Sessions of a group in no trained step, and failed sessions (floe trains none of
+    # their tokens), are left out.
+    trained = [r.session_id for r in results if r.group < trained_groups and r.status == "completed"]
+    fig = archived_call_figures(archive_dir, trained)
+    per_request = fig.per_request_rows
     tree_real = sum(s["real_rows"] for s in steps)
     tree_padded = sum(s["rows"] for s in steps)
     wait = sum(s["wait_s"] for s in steps)
@@ -178,8 +230,8 @@ def summarize(
         "groups_per_step": args.groups_per_step,
         "sessions": len(results),
         "sessions_completed": sum(r.status == "completed" for r in results),
-        "calls": calls_total,
-        "trainable_calls": tree_calls,
+        "calls": fig.calls,
+        "trainable_calls": fig.trainable,
         "mean_reward": sum(rewards) / max(len(rewards), 1),
         "per_request_rows": per_request,
         "tree_rows": tree_real,
@@ -210,17 +262,15 @@ def _metrics_row(s: dict[str, Any]) -> list[tuple[str, str]]:
              f"{fmt_rows(m['floe_per_request_tokens_total'])} per_request")]
 
 
-def _store_row(s: dict[str, Any]) -> list[tuple[str, str]]:
-    u = s.get("store") or {}
-    if not u.get("calls"):
+def _archive_row(s: dict[str, Any]) -> list[tuple[str, str]]:
+    u, a = s.get("store") or {}, s.get("archive") or {}
+    n = u.get("archived_calls")
+    if not n or not a.get("bytes"):
         return []
-    n = u["calls"]
-    tokens = (u["call_bytes"] - u["json_bytes"]) / n  # token ids and log-probs, prompts by reference
-    full = 4 * u["prompt_ids"] / n  # the prompts alone, as int32 in full
-    return [("trace store on disk",
-             f"{u['disk_bytes'] / 1024:.0f} KiB for {n} calls ({u['disk_bytes'] / n / 1024:.1f} KiB/call); per call "
-             f"{tokens:,.0f} B of token data (full int32 prompts would be {full:,.0f} B) and "
-             f"{u['json_bytes'] / n:,.0f} B of recorded request/answer JSON")]
+    return [("archive (Parquet)",
+             f"{a['bytes'] / 1024:.0f} KiB for {u['archived_steps']} steps, {u['archived_sessions']} sessions, "
+             f"{n} calls ({a['bytes'] / n / 1024:.1f} KiB/call); the store holds {u.get('calls', 0)} calls, "
+             f"{u.get('disk_bytes', 0) / 1024:.0f} KiB on disk")]
 
 
 def print_summary(s: dict[str, Any], out: IO[str]) -> None:
@@ -243,7 +293,7 @@ def print_summary(s: dict[str, Any], out: IO[str]) -> None:
         ("rows tree forwarded", f"{fmt_rows(s['tree_rows'])}  ({fmt_rows(s['tree_rows_padded'])} with padding to {PAD_MULTIPLE})"),
         ("reduction", f"{s['reduction']:.2f}x fewer rows with tree"),
         *_metrics_row(s),
-        *_store_row(s),
+        *_archive_row(s),
         ("data-wait share", f"{100 * s['data_wait_share']:.1f}% of trainer time "
                             f"({s['data_wait_s']:.1f}s waiting, {s['train_s']:.1f}s training)"),
         ("fill", f"{s['fill']:.3f}  (rows / (micro-batches x token budget {s['token_budget']}))"),
@@ -314,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 1
     summary: dict[str, Any] | None = None
     pids: list[int] = []
+    data_dir = os.path.join(tmp, "floe-data")
+    archive_dir = os.path.join(data_dir, "archive")  # floe serve's default -archive-dir
     try:
         print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
               f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
@@ -336,12 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         disp.status("starting floe serve ...")
         floe, addrs = procs.start_server("floe", [
             floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
-            "-data-dir", os.path.join(tmp, "floe-data"), "-upstream", upstream,
+            "-data-dir", data_dir, "-upstream", upstream,
             "-strategy", "tree", "-group-size", str(agent.GROUP_SIZE), "-groups-per-step", str(args.groups_per_step),
             "-steps-ahead", "2", "-token-budget", str(args.token_budget), "-pad-multiple", str(PAD_MULTIPLE),
-            # the summary reads the trained sessions' calls from the control API after the
-            # run: keep committed steps in the store rather than archive them (docs/archive.md)
-            "-archive=false",
         ], 60)
         # Sessions are created and finished on the control address; harnesses get the
         # proxy's address in each session's base_urls, and never the control address.
@@ -398,18 +447,23 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.25)
         tf.join(5)
         trainer_wall = time.monotonic() - t_trainer
-        disp.status(line())
-        disp.end()
         if "error" in box:
             raise RuntimeError(f"rollout driver failed: {box['error']!r}")
+        with state.lock:
+            committed = len(state.step_lines)  # the trainer commits each step it reports
+        disp.status(f"waiting for floe to archive {committed} committed steps ...")
+        store = wait_archived(control, committed)
+        disp.status(line())
+        disp.end()
         results = box["results"]
         failed = [r for r in results if r.status != "completed"]
         for r in failed[:5]:
             print(f"demo: session {r.session_id} (group {r.group}) {r.status}: {r.error}", file=sys.stderr)
-        summary = summarize(args, state, results, control, time.monotonic() - t_start, trainer_wall)
+        summary = summarize(args, state, results, archive_dir, time.monotonic() - t_start, trainer_wall)
         summary["token_budget"] = args.token_budget
         summary["floe_metrics"] = floe_metrics(control)
-        summary["store"] = agent.get_json(f"{control}/floe/v1/status").get("store") or {}
+        summary["store"] = store
+        summary["archive"] = {"dir": archive_dir, "bytes": archive_bytes(archive_dir)}
         if "floe_step_imbalance" in summary["floe_metrics"]:
             summary["imbalance"] = summary["floe_metrics"]["floe_step_imbalance"]  # floe's, of the last step
         rc = 0 if trainer.proc.returncode == 0 and summary["steps_trained"] == n_steps else 1
@@ -436,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["left_running"] = alive
         print_summary(summary, sys.stdout)
         print(f"\nstopped: {stopped}; nothing left running" if not alive else f"\nstill running: {alive}")
+        kept = args.keep or rc not in (0, 130)
+        print(f"archive (Parquet, docs/archive.md): {archive_dir}" if kept else
+              f"archive (Parquet, docs/archive.md) was in {archive_dir}, removed on exit: --keep keeps it")
         print("packing benchmark on the synthetic corpus (the former `make demo`): make bench-report  or  go run ./cmd/floe-bench")
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as f:
