@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -135,7 +136,12 @@ func (a *Archiver) archiveStep(n int64) error {
 		Sessions: make(map[string]archive.SessionInfo, len(sc.Times))}
 	calls := 0
 	for gi := range sc.Groups {
-		adv := a.advantages(&sc.Groups[gi])
+		adv := a.advantages(sc.Groups[gi])
+		// The archive says which calls the step trained on: those of a failed or timed-out
+		// session, or sampled by a policy older than the step's cut-off, were not, although
+		// the store recorded them trainable. usable marks them as the step former did; it
+		// keeps every session (no -drop-failed here), since all of them are archived.
+		sc.Groups[gi], _ = Config{}.usable(sc.Groups[gi], sc.Record.MinPolicyVersion)
 		for _, s := range sc.Groups[gi].Sessions {
 			info := archive.SessionInfo{Created: sc.Times[s.ID].Created, Finished: sc.Times[s.ID].Finished}
 			if v, ok := adv[s.ID]; ok {
@@ -194,8 +200,8 @@ func (a *Archiver) archiveDropped() (int, error) {
 // computed them: under -drop-failed failed and timed-out sessions left the group (no
 // advantage); otherwise a failed one is out of the baseline (0). A group whose
 // advantages cannot be computed gets none.
-func (a *Archiver) advantages(g *trace.Group) map[string]float64 {
-	u, _ := Config{DropFailed: a.DropFailed}.usable(*g, 0)
+func (a *Archiver) advantages(g trace.Group) map[string]float64 {
+	u, _ := Config{DropFailed: a.DropFailed}.usable(cloneCalls(g), 0)
 	in := u.Sessions
 	adv, err := batcher.SessionAdvantages(a.Advantage, in)
 	if err != nil {
@@ -215,4 +221,14 @@ func (cfg Config) archiveDir() string {
 		return cfg.ArchiveDir
 	}
 	return filepath.Join(cfg.DataDir, ArchiveDirName)
+}
+
+// cloneCalls returns g with its sessions' calls copied, so that marking them (usable)
+// leaves g's own untouched.
+func cloneCalls(g trace.Group) trace.Group {
+	g.Sessions = slices.Clone(g.Sessions)
+	for i := range g.Sessions {
+		g.Sessions[i].Calls = slices.Clone(g.Sessions[i].Calls)
+	}
+	return g
 }

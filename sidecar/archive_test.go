@@ -433,3 +433,82 @@ func recordedBytes(calls map[callKey]trace.Call) int64 {
 	}
 	return n
 }
+
+// TestArchiveSaysWhichCallsTrained: a call of a failed session, and one sampled by a
+// policy older than its step's cut-off, were recorded trainable but trained on by no loss
+// term; the archive marks them so, with the reason, and the others trainable.
+func TestArchiveSaysWhichCallsTrained(t *testing.T) {
+	mem := checkedMem(t)
+	dir := t.TempDir()
+	s, err := bolt.New(dir, bolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// session: status, policy versions of its calls
+	sessions := []struct {
+		id       string
+		status   trace.Status
+		versions []int64
+	}{
+		{"ok", trace.StatusCompleted, []int64{3, 3}},
+		{"stale", trace.StatusCompleted, []int64{2, 3}},
+		{"failed", trace.StatusFailed, []int64{3}},
+	}
+	for _, ss := range sessions {
+		if err := s.CreateSession(trace.Session{ID: ss.id, TaskID: "t", GroupID: "g"}, "key-"+ss.id, len(sessions)); err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range ss.versions {
+			c := trace.Call{SessionID: ss.id, PromptIDs: []int32{1, 2}, ResponseIDs: []int32{3}, Logprobs: []float32{-1},
+				PolicyVersion: v, Trainable: true}
+			if err := s.Record(context.Background(), &c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.FinishSession(ss.id, 1, ss.status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.DropFailed = true // the failed session leaves the group, and is archived all the same
+	a := NewArchiver(s, dir+"/archive", cfg, mem, quietLog())
+	if _, err := a.ArchiveCommitted(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := archive.ReadCalls(dir+"/archive", mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range rows {
+		k := fmt.Sprintf("%s/%d", r.SessionID, r.Index)
+		if r.Trainable != (r.UntrainableReason == "") {
+			t.Fatalf("call %s: trainable %v with reason %q", k, r.Trainable, r.UntrainableReason)
+		}
+		got[k] = r.UntrainableReason
+	}
+	want := map[string]string{
+		"ok/0": "", "ok/1": "",
+		"stale/0": "stale: policy version 2, older than 3", "stale/1": "",
+		"failed/0": "session failed",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("archived calls' untrainable reasons\n got %v\nwant %v", got, want)
+	}
+	sess, err := archive.ReadSessions(dir+"/archive", mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range sess {
+		if (r.Session.ID == "failed") != (r.Advantage == nil) {
+			t.Fatalf("session %s: advantage %v (only the session -drop-failed dropped has none)", r.Session.ID, r.Advantage)
+		}
+	}
+}
