@@ -188,6 +188,40 @@ type fleet struct {
 
 	groups   atomic.Int64 // groups started
 	sessions atomic.Int64 // sessions finished
+
+	// groupCalls counts, per group id, the calls its sessions got answered through floe
+	// (load and probe): what floe must have recorded for the group, and what the archive
+	// must hold once the group's step is committed.
+	groupCallsMu sync.Mutex
+	groupCalls   map[string]*atomic.Int64
+}
+
+// groupCounter is group's call counter, created on first use.
+func (f *fleet) groupCounter(group string) *atomic.Int64 {
+	f.groupCallsMu.Lock()
+	defer f.groupCallsMu.Unlock()
+	if f.groupCalls == nil {
+		f.groupCalls = map[string]*atomic.Int64{}
+	}
+	c, ok := f.groupCalls[group]
+	if !ok {
+		c = new(atomic.Int64)
+		f.groupCalls[group] = c
+	}
+	return c
+}
+
+// callsOf sums the calls answered through floe for groups.
+func (f *fleet) callsOf(groups []string) int64 {
+	f.groupCallsMu.Lock()
+	defer f.groupCallsMu.Unlock()
+	var n int64
+	for _, g := range groups {
+		if c, ok := f.groupCalls[g]; ok {
+			n += c.Load()
+		}
+	}
+	return n
 }
 
 func (f *fleet) stopped() bool {
@@ -247,6 +281,7 @@ func (f *fleet) session(ctx context.Context, group string, gid, s int, park func
 	f.open.Add(1)
 	defer f.open.Add(-1)
 	h := newHistory(f.w, f.system, f.seed, gid, s)
+	answered := f.groupCounter(group)
 	stopped := false
 	for turn := 0; turn < f.w.Turns; turn++ {
 		if stopped = f.stopped(); stopped {
@@ -257,6 +292,8 @@ func (f *fleet) session(ctx context.Context, group string, gid, s int, park func
 				return
 			}
 			f.c.fail(err)
+		} else {
+			answered.Add(1)
 		}
 		h.advance()
 	}
@@ -264,7 +301,7 @@ func (f *fleet) session(ctx context.Context, group string, gid, s int, park func
 	if stopped || f.stopped() {
 		select {
 		case <-f.probe:
-			f.paced(ctx, created.APIKey, h, uint64(gid)<<8|uint64(s))
+			f.paced(ctx, created.APIKey, h, uint64(gid)<<8|uint64(s), answered)
 		case <-f.finish:
 		case <-ctx.Done():
 			return
@@ -288,9 +325,9 @@ func (f *fleet) session(ctx context.Context, group string, gid, s int, park func
 
 // paced is one open session's part of the latency probe: after a random start within
 // one think time, its next call straight to the fake and then the same call through floe,
-// again every think time (± half), until probeEnd. The history does not advance, so the
+// again every think time (± half), until probeEnd; answered counts the calls through floe. The history does not advance, so the
 // session's longest call stays within the token budget.
-func (f *fleet) paced(ctx context.Context, key string, h *history, seed uint64) {
+func (f *fleet) paced(ctx context.Context, key string, h *history, seed uint64, answered *atomic.Int64) {
 	rng := rand.New(rand.NewPCG(f.seed, seed))
 	wait := time.Duration(rng.Float64() * float64(f.think))
 	body := h.body()
@@ -318,6 +355,8 @@ func (f *fleet) paced(ctx context.Context, key string, h *history, seed uint64) 
 		v, verr := f.probed.call(ctx, f.proxy, key, body)
 		if verr != nil {
 			f.probed.fail(verr)
+		} else {
+			answered.Add(1)
 		}
 		if derr == nil && verr == nil {
 			f.pairsMu.Lock()

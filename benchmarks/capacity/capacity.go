@@ -3,14 +3,20 @@
 // loopback, with floe's zero-latency fake vLLM as the inference server. For each (R, T)
 // it reports durable calls recorded per second, the latency floe adds, floe's memory per
 // open session, the Flight bytes per second to T ranks, and what forming a step costs
-// against its size (docs/scale.md reads them).
+// against its size, and what the data dir keeps: the bbolt store's file, bounded because
+// floe serve archives each committed step to Parquet and removes it from the store, and
+// the archive's bytes per call (docs/scale.md reads them). After each point's drain it
+// checks that every committed step's calls are in the archive and none in the store, and
+// fails the point otherwise.
 package capacity
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -20,9 +26,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/memory"
 	bbolt "go.etcd.io/bbolt"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/sidecar"
+	"github.com/floe-rl/floe/trace/archive"
 )
 
 // Options are one sweep's settings.
@@ -113,10 +122,28 @@ type Point struct {
 	StepsCommitted  int64   `json:"steps_committed"`
 	FormSecondsMean float64 `json:"form_seconds_mean"` // floe_step_formation_seconds sum / count
 	RowsPerStep     float64 `json:"rows_per_step"`
-	// StoreBytes is the bbolt store's size in use after the drain (pages up to its high
-	// water mark, not the file, which bbolt grows in large steps).
-	StoreBytes int64     `json:"store_bytes"`
-	Fetched    []fetched `json:"fetched"`
+	// StoreFileBytes is the bbolt file's size after the drain (floe stopped): what the
+	// store holds at once, bounded, since committed steps leave it for the archive.
+	// StoreBytes is the part in use (pages up to its high-water mark).
+	StoreFileBytes int64     `json:"store_file_bytes"`
+	StoreBytes     int64     `json:"store_bytes"`
+	Fetched        []fetched `json:"fetched"`
+
+	// The archive after the drain (the status' store counters, and the archive's files).
+	// CommittedCalls is the calls the agents got answered through floe in the groups of the
+	// committed steps (as their sample tables name them): ArchivedCalls must equal it,
+	// and StoreCalls (the calls the store still holds) must be RecordedAll − CommittedCalls.
+	ArchivedSteps    int64 `json:"archived_steps"`
+	ArchivedSessions int64 `json:"archived_sessions"`
+	ArchivedCalls    int64 `json:"archived_calls"`
+	CommittedCalls   int64 `json:"committed_calls"`
+	StoreCalls       int64 `json:"store_calls"`
+	ArchiveBytes     int64 `json:"archive_bytes"` // every file under <data-dir>/archive
+}
+
+// ArchiveBytesPerCall is the archive's size over the calls it holds.
+func (p Point) ArchiveBytesPerCall() float64 {
+	return float64(p.ArchiveBytes) / float64(max(p.ArchivedCalls, 1))
 }
 
 // BytesPerSession is floe's RSS growth per open session.
@@ -204,8 +231,10 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			if err != nil {
 				return nil, fmt.Errorf("R=%d T=%d: %w", r, t, err)
 			}
-			opt.progress("  %.0f calls/s (%d calls, %d recorded, %d errors), added p50 %.2f ms p99 %.2f ms, %.1f KiB/session, %d steps, %.3f GB/s",
-				p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.AddedP50, p.AddedP99, p.BytesPerSession()/1024, p.StepsCommitted, p.FlightGBps())
+			opt.progress("  %.0f calls/s (%d calls, %d recorded, %d errors), added p50 %.2f ms p99 %.2f ms, %.1f KiB/session, %d steps, %.3f GB/s; "+
+				"%d calls archived in %d steps (%.1f KiB/call), store file %.0f KiB holding %d calls",
+				p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.AddedP50, p.AddedP99, p.BytesPerSession()/1024, p.StepsCommitted, p.FlightGBps(),
+				p.ArchivedCalls, p.ArchivedSteps, p.ArchiveBytesPerCall()/1024, float64(p.StoreFileBytes)/1024, p.StoreCalls)
 			rep.Points = append(rep.Points, *p)
 		}
 	}
@@ -385,7 +414,8 @@ func runPoint(ctx context.Context, opt *Options, upURL string, r, t int) (*Point
 	// The drain: the sessions finish, their groups complete, and the ranks take the steps.
 	release()
 	groupsWG.Wait()
-	// Done when every group is decided and every step formed is committed; fewer
+	// Done when every group is decided, every step formed is committed and every step
+	// committed is archived (floe archives after the commit, in the background); fewer
 	// complete groups than a step takes wait for more, as in a run.
 	deadline := time.Now().Add(opt.DrainFor)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -394,11 +424,15 @@ func runPoint(ctx context.Context, opt *Options, upURL string, r, t int) (*Point
 		if err != nil {
 			return nil, err
 		}
+		st, err := readStatus(ctx, hc, floe.control)
+		if err != nil {
+			return nil, err
+		}
 		fetchedMu.Lock()
 		got := float64(len(p.Fetched))
 		fetchedMu.Unlock()
 		if m[`floe_groups{state="open"}`] == 0 && m[`floe_groups{state="complete"}`] < float64(opt.GroupsPerStep) &&
-			m["floe_steps_formed_total"] == got {
+			m["floe_steps_formed_total"] == got && float64(st.Store.ArchivedSteps) == m["floe_steps_committed_total"] {
 			break
 		}
 	}
@@ -417,11 +451,116 @@ func runPoint(ctx context.Context, opt *Options, upURL string, r, t int) (*Point
 		p.FormSecondsMean = m["floe_step_formation_seconds_sum"] / n
 		p.RowsPerStep = m["floe_rows_forwarded_total"] / n
 	}
-	floe.stop()
-	if p.StoreBytes, err = storeBytes(filepath.Join(dir, "data", storeFile)); err != nil {
+	st, err := readStatus(ctx, hc, floe.control)
+	if err != nil {
 		return nil, err
 	}
+	p.ArchivedSteps, p.ArchivedSessions, p.ArchivedCalls = int64(st.Store.ArchivedSteps), int64(st.Store.ArchivedSessions), int64(st.Store.ArchivedCalls)
+	p.StoreCalls = int64(st.Store.Calls)
+	floe.stop()
+	data := filepath.Join(dir, "data")
+	if p.StoreBytes, err = storeBytes(filepath.Join(data, storeFile)); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(filepath.Join(data, storeFile))
+	if err != nil {
+		return nil, err
+	}
+	p.StoreFileBytes = fi.Size()
+	if p.ArchiveBytes, err = dirBytes(filepath.Join(data, archiveDir)); err != nil {
+		return nil, fmt.Errorf("floe's archive: %w", err)
+	}
+	steps, err := archive.ReadSteps(filepath.Join(data, archiveDir), memory.NewGoAllocator())
+	if err != nil {
+		return nil, fmt.Errorf("reading the archive's steps: %w", err)
+	}
+	var committed []string
+	for _, f := range p.Fetched {
+		committed = append(committed, f.Groups...)
+	}
+	p.CommittedCalls = fl.callsOf(committed)
+	if err := p.checkArchived(len(steps), m["floe_groups_dropped_total"]); err != nil {
+		return nil, fmt.Errorf("after the drain: %w (floe's log: %s)", err, filepath.Join(dir, "floe.log"))
+	}
 	return p, nil
+}
+
+// checkArchived is the archive's invariant after the drain: every committed step is
+// archived (status and step rows), its calls are all in the archive, and the store holds
+// none of them, only the calls of groups no step took yet. stepRows is the archive's step
+// rows; dropped is floe_groups_dropped_total (a dropped group is archived without a step,
+// so its calls would count as archived outside any committed step).
+func (p *Point) checkArchived(stepRows int, dropped float64) error {
+	var errs []error
+	if p.StepsCommitted == 0 {
+		errs = append(errs, errors.New("no step was committed, so nothing could be archived"))
+	}
+	if p.ArchivedSteps != p.StepsCommitted || int64(stepRows) != p.StepsCommitted {
+		errs = append(errs, fmt.Errorf("%d steps committed, %d archived (status), %d step rows in the archive: "+
+			"want every committed step archived", p.StepsCommitted, p.ArchivedSteps, stepRows))
+	}
+	if p.ArchivedCalls != p.CommittedCalls {
+		errs = append(errs, fmt.Errorf("%d calls archived (status), %d calls in the committed steps' groups: want equal",
+			p.ArchivedCalls, p.CommittedCalls))
+	}
+	if want := p.RecordedAll - p.CommittedCalls; p.StoreCalls != want {
+		errs = append(errs, fmt.Errorf("the store holds %d calls, want %d (%d recorded − %d in committed steps): "+
+			"committed steps' calls must leave it", p.StoreCalls, want, p.RecordedAll, p.CommittedCalls))
+	}
+	if len(errs) > 0 && dropped > 0 {
+		errs = append(errs, fmt.Errorf("floe dropped %.0f groups (archived without a step)", dropped))
+	}
+	if len(errs) > 0 && p.Errors+p.ProbeErrors > 0 {
+		errs = append(errs, fmt.Errorf("%d calls failed at the agents (floe may have recorded some): %s", p.Errors+p.ProbeErrors, p.FirstError))
+	}
+	return errors.Join(errs...)
+}
+
+// archiveDir is floe serve's archive in its data dir (the -archive-dir default).
+const archiveDir = "archive"
+
+// dirBytes is the size of the regular files under dir; 0 if there is no dir (floe
+// archived nothing, which the point's check then reports).
+func dirBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if path == dir && errors.Is(err, fs.ErrNotExist) {
+			return fs.SkipAll
+		}
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += info.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// readStatus is floe's GET /floe/v1/status; it fails if floe reports no store.
+func readStatus(ctx context.Context, c *http.Client, control string) (*sidecar.Status, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, control+"/floe/v1/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("floe's status: %w", err)
+	}
+	defer resp.Body.Close()
+	var st sidecar.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return nil, fmt.Errorf("floe's status: %w", err)
+	}
+	if st.Store == nil {
+		return nil, errors.New("floe's status has no store")
+	}
+	return &st, nil
 }
 
 // storeFile is floe's store in its data dir (trace/bolt.FileName).

@@ -81,7 +81,8 @@ func tinyOptions(t *testing.T) Options {
 
 // TestTinySweep runs one small point against a real floe serve process and two rank
 // processes: every call the agents made is recorded, durable, and steps reach both ranks
-// and are committed.
+// and are committed; each committed step's calls are in the archive, and the store holds
+// none of them.
 func TestTinySweep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -106,8 +107,28 @@ func TestTinySweep(t *testing.T) {
 		t.Errorf("latencies not measured: %d probe calls, p50 %.3f ms through floe, %.3f ms direct, %.3f ms saturated",
 			p.ProbeCalls, p.ProxyP50, p.DirectP50, p.SaturatedP50)
 	}
-	if p.StoreBytes <= 0 {
-		t.Errorf("store size in use %d after the run", p.StoreBytes)
+	if p.StoreBytes <= 0 || p.StoreFileBytes < p.StoreBytes {
+		t.Errorf("store after the run: %d bytes in use, file %d bytes", p.StoreBytes, p.StoreFileBytes)
+	}
+	// The archive's invariant, asserted here too so that the test fails if Run ever
+	// stops checking it. With GroupsPerStep 1 and every group finished, every group is in
+	// a committed step, so every call is archived and the store holds none.
+	if p.ArchivedSteps != p.StepsCommitted {
+		t.Errorf("%d steps archived, %d committed: want every committed step archived", p.ArchivedSteps, p.StepsCommitted)
+	}
+	if p.CommittedCalls == 0 || p.ArchivedCalls != p.CommittedCalls {
+		t.Errorf("%d calls archived, %d calls in committed steps: want > 0 and equal", p.ArchivedCalls, p.CommittedCalls)
+	}
+	if p.CommittedCalls != p.RecordedAll || p.StoreCalls != 0 {
+		t.Errorf("%d of %d calls recorded are in committed steps, the store holds %d: want all, and none held",
+			p.CommittedCalls, p.RecordedAll, p.StoreCalls)
+	}
+	if p.ArchivedSessions != int64(p.Sessions) {
+		t.Errorf("%d sessions archived, want the %d the agents ran", p.ArchivedSessions, p.Sessions)
+	}
+	// Parquet of byte-token prompts: more than nothing, less than the prompts as int32s.
+	if perCall := p.ArchiveBytesPerCall(); perCall < 100 || perCall > 4*float64(tinyOptions(t).Workload.LongestPrompt()) {
+		t.Errorf("archive: %d bytes for %d calls (%.0f bytes a call)", p.ArchiveBytes, p.ArchivedCalls, perCall)
 	}
 	if p.RecordedAll != p.Calls+p.ProbeCalls {
 		t.Errorf("floe recorded %d calls in all, the agents made %d + %d in the probe", p.RecordedAll, p.Calls, p.ProbeCalls)
@@ -128,6 +149,23 @@ func TestTinySweep(t *testing.T) {
 	}
 	if p.FloeCPU <= 0 {
 		t.Errorf("floe's CPU over the load: %v s", p.FloeCPU)
+	}
+}
+
+// TestTinySweepFailsWithoutArchive: the point's archive check is real. With floe serve's
+// archiving off, committed steps stay in the store, and the point fails saying so.
+func TestTinySweepFailsWithoutArchive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opt := tinyOptions(t)
+	opt.DrainFor = 3 * time.Second // the drain waits for archiving that never comes
+	opt.Floe = func(args []string) *exec.Cmd { return child("serve", append(args, "-archive=false")...) }
+	_, err := Run(ctx, opt)
+	if err == nil {
+		t.Fatal("Run passed with floe serve's archiving off: want the archive check to fail the point")
+	}
+	if !strings.Contains(err.Error(), "want every committed step archived") || !strings.Contains(err.Error(), "must leave it") {
+		t.Errorf("Run failed with %v, want it to name the unarchived steps and the calls left in the store", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/flight"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -151,6 +152,9 @@ type fetched struct {
 	Rows    int64         `json:"rows"`
 	Batches int           `json:"micro_batches"`
 	Took    time.Duration `json:"took_ns"` // from asking the ranks to the last one's answer
+	// Groups are the step's groups, from its sample table (not timed): the point checks
+	// the archive against them.
+	Groups []string `json:"-"`
 }
 
 // waitReady waits at most wait for step n to be READY.
@@ -198,6 +202,11 @@ func (rs *ranks) fetch(ctx context.Context, n int64) (fetched, error) {
 	if err := errors.Join(errs...); err != nil {
 		return f, fmt.Errorf("step %d: %w", n, err)
 	}
+	groups, err := stepGroups(ctx, rs.flight, n)
+	if err != nil {
+		return f, fmt.Errorf("step %d's sample table: %w", n, err)
+	}
+	f.Groups = groups
 	s, err := rs.flight.DoAction(ctx, &flight.Action{Type: "commit", Body: fmt.Appendf(nil, `{"step": %d}`, n)})
 	if err != nil {
 		return f, fmt.Errorf("committing step %d: %w", n, err)
@@ -206,4 +215,40 @@ func (rs *ranks) fetch(ctx context.Context, n int64) (fetched, error) {
 		return f, fmt.Errorf("committing step %d: %w", n, err)
 	}
 	return f, nil
+}
+
+// stepGroups reads step n's sample table over Flight, as a trainer does, and returns its
+// distinct group ids.
+func stepGroups(ctx context.Context, c flight.Client, n int64) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	stream, err := c.DoGet(ctx, &flight.Ticket{Ticket: fmt.Appendf(nil, `{"step": %d, "kind": "samples"}`, n)})
+	if err != nil {
+		return nil, err
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Release()
+	seen := map[string]bool{}
+	var groups []string
+	for rd.Next() {
+		rec := rd.RecordBatch()
+		idx := rec.Schema().FieldIndices("group_id")
+		if len(idx) != 1 {
+			return nil, errors.New("no group_id column")
+		}
+		col, ok := rec.Column(idx[0]).(*array.String)
+		if !ok {
+			return nil, fmt.Errorf("group_id is %s, not a string column", rec.Column(idx[0]).DataType())
+		}
+		for i := 0; i < col.Len(); i++ {
+			if g := col.Value(i); !seen[g] {
+				seen[g] = true
+				groups = append(groups, g)
+			}
+		}
+	}
+	return groups, rd.Err()
 }

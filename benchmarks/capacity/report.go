@@ -21,13 +21,20 @@ import (
 // steps and Flight.
 func (r *Report) Table() string {
 	var b strings.Builder
-	b.WriteString("| R sessions | T ranks | calls/s recorded | calls made (recorded) | errors | floe CPU cores | floe CPU µs/call | via floe p50 / p99 ms, saturated | RSS idle → loaded MiB | KiB/open session | store KiB/call |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| R sessions | T ranks | calls/s recorded | calls made (recorded) | errors | floe CPU cores | floe CPU µs/call | via floe p50 / p99 ms, saturated | RSS idle → loaded MiB | KiB/open session |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, p := range r.Points {
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %d (%d) | %d | %.2f | %.0f | %.1f / %.1f | %.0f → %.0f | %.1f | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %d (%d) | %d | %.2f | %.0f | %.1f / %.1f | %.0f → %.0f | %.1f |\n",
 			p.Sessions, p.Ranks, p.CallsPerSec, p.Calls, p.Recorded, p.Errors, p.FloeCPU/p.LoadSeconds, 1e6*p.CPUPerCall(),
-			p.SaturatedP50, p.SaturatedP99, float64(p.IdleRSS)/(1<<20), float64(p.OpenRSS)/(1<<20), p.BytesPerSession()/1024,
-			float64(p.StoreBytes)/1024/float64(max(p.RecordedAll, 1)))
+			p.SaturatedP50, p.SaturatedP99, float64(p.IdleRSS)/(1<<20), float64(p.OpenRSS)/(1<<20), p.BytesPerSession()/1024)
+	}
+	b.WriteString("\nWhat the data dir keeps, after the drain: floe archives each committed step to Parquet and removes it from the store.\n\n")
+	b.WriteString("| R sessions | T ranks | calls recorded | steps committed / archived | calls in committed steps / archived | calls left in the store | store file KiB (in use) | archive MiB | archive KiB/call |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range r.Points {
+		fmt.Fprintf(&b, "| %d | %d | %d | %d / %d | %d / %d | %d | %.0f (%.0f) | %.1f | %.2f |\n",
+			p.Sessions, p.Ranks, p.RecordedAll, p.StepsCommitted, p.ArchivedSteps, p.CommittedCalls, p.ArchivedCalls, p.StoreCalls,
+			float64(p.StoreFileBytes)/1024, float64(p.StoreBytes)/1024, float64(p.ArchiveBytes)/(1<<20), p.ArchiveBytesPerCall()/1024)
 	}
 	fmt.Fprintf(&b, "\nLatency probe: the open sessions, paced to %.0f%% of the rate each point sustained, send each call straight to the fake and then through floe.\n\n", 100*r.ProbeLoad)
 	b.WriteString("| R sessions | T ranks | probe calls/s via floe | probe calls | errors | direct p50 / p99 ms | via floe p50 / p99 ms | added p50 ms | added p99 ms | recorded after the probe |\n")
@@ -290,13 +297,14 @@ func (r *Report) Markdown() string {
 	b.WriteString("# Capacity of one floe serve\n\n")
 	fmt.Fprintf(&b, "Command (`make bench-capacity` runs it and regenerates this folder):\n\n```\n%s\n```\n\n", r.Command)
 	fmt.Fprintf(&b, "Machine: %s. Whole sweep: %.0f s wall.\n\n", r.Machine, r.WallSeconds)
-	b.WriteString("**Noise.** This ran on a 2-core machine shared with other jobs compiling and " +
-		"testing, and floe, the fake vLLM, the R agents and the T rank processes all share those cores: floe's own CPU " +
-		"(from /proc) is the steadier figure, the rates and latencies are lower bounds for a machine floe has to itself. " +
-		"Rerun the command on a quiet machine before quoting absolute numbers.\n\n")
+	b.WriteString("**Noise.** floe, the fake vLLM, the R agents and the T rank processes all share the machine's cores " +
+		"(above; a load average near or above the core count means other jobs shared them too): floe's own CPU " +
+		"(from /proc) is the steadier figure, the rates and latencies are lower bounds for a machine floe has to itself.\n\n")
 	b.WriteString("## What runs\n\n")
 	fmt.Fprintf(&b, "- **floe serve**: the real binary as a child process (so its RSS and CPU are its own), default durable store "+
-		"(bbolt, every call fsynced before its answer), `-groups-per-step %d -token-budget %d -dp-size T -max-inflight max(2R, 1024)`, "+
+		"(bbolt, every call fsynced before its answer) and its default archiving (`-archive`: each committed step's calls, "+
+		"sessions and record written as Parquet under `<data-dir>/archive/`, then removed from the store, which is compacted "+
+		"when that pays; docs/archive.md), `-groups-per-step %d -token-budget %d -dp-size T -max-inflight max(2R, 1024)`, "+
 		"a fresh data dir per point.\n", r.GroupsPer, r.TokenBudget)
 	fmt.Fprintf(&b, "- **Upstream**: floe's zero-latency fake vLLM (internal/fakevllm: token ids are the messages' bytes), streaming "+
 		"%d tokens per answer, one per chunk, in the benchmark process.\n", w.AnswerTokens)
@@ -310,14 +318,24 @@ func (r *Report) Markdown() string {
 	fmt.Fprintf(&b, "- **Per point**: start floe and read its idle RSS; %s of load through floe (longer, up to %s, until the agents made %.1f calls per session), closed loop, the ranks taking steps as "+
 		"they form; at its end the agents stop, their sessions still open, and floe's RSS and CPU are read; then %s of latency probe "+
 		"on those open sessions (below); then the sessions finish and the ranks fetch and commit every step their groups form "+
-		"(the drain).\n\n", r.LoadFor, r.LoadMax, r.MinCallsPerSession, r.ProbeFor)
+		"(the drain), and floe archives each step once committed. The point fails unless, after the drain, every committed step is "+
+		"archived, the archive holds exactly the calls the agents got answered in those steps' groups, and the store none of them.\n\n", r.LoadFor, r.LoadMax, r.MinCallsPerSession, r.ProbeFor)
 	b.WriteString("## Results\n\n")
 	b.WriteString(r.Table())
 	b.WriteString("\n- **calls/s recorded**: calls answered (whole stream, 200) in the load phase over its wall time; every one is in floe's " +
 		"store, fsynced before its last event was sent (`floe_calls_recorded_total` is the number in brackets).\n" +
-		"- **store KiB/call**: floe's bbolt store in use after the drain (pages to its high-water mark; sessions, groups and " +
-		"steps included) over the calls recorded: what the data dir grows by per call without retention.\n" +
-		"- **floe CPU**: floe serve's user+system CPU over the load phase (/proc/<pid>/stat), as cores busy and per call recorded.\n" +
+		"- **calls in committed steps / archived**: the calls the agents got answered through floe (load and probe) in the groups " +
+		"the committed steps' sample tables name (read over Flight before each commit), against the status' `store.archived_calls`; **calls left in the store**: `store.calls`, " +
+		"the groups no step took yet (fewer complete groups than a step takes). The point fails unless the first two are equal " +
+		"and the third is the rest of the calls recorded.\n" +
+		"- **store file KiB (in use)**: the bbolt file `<data-dir>/floe.db` after the drain (in brackets, its pages in use to the " +
+		"high-water mark): what the store holds at once (steps in flight, complete groups, open sessions), which does not grow " +
+		"with the run's length.\n" +
+		"- **archive KiB/call**: every file under `<data-dir>/archive/` (calls, sessions and step rows, zstd Parquet) over the " +
+		"calls archived: what the data dir grows by per call. The archive keeps each call's prompt in full, where the store kept " +
+		"it by reference to the session's earlier calls.\n" +
+		"- **floe CPU**: floe serve's user+system CPU over the load phase (/proc/<pid>/stat), as cores busy and per call recorded. It includes archiving the steps committed during the load (Parquet encoding, " +
+		"zstd, fsyncs) and compacting the store when that pays.\n" +
 		"- **saturated p50/p99**: each load call timed at the agent. Closed loop with no think time, so this is R / rate: " +
 		"queueing on the shared cores, not floe's cost.\n" +
 		"- **added p50/p99**: in the probe each open session sends its next call straight to the fake and at once the same call " +
