@@ -106,15 +106,36 @@ var Plots = []struct {
 	{"step_forming.png", formingPlot},
 }
 
-// WritePlots writes every figure as PNG into dir.
+// plotted is the file names of the plots r has data for: the forming plot needs forming
+// costs (-form-groups empty measures none, and an empty log axis cannot be drawn).
+func (r *Report) plotted() []string {
+	var files []string
+	for _, pl := range Plots {
+		if pl.File == "step_forming.png" && len(r.Forming) == 0 {
+			continue
+		}
+		files = append(files, pl.File)
+	}
+	return files
+}
+
+// WritePlots writes every figure r has data for as PNG into dir.
 func (r *Report) WritePlots(dir string) error {
 	for _, pl := range Plots {
+		if !slices.Contains(r.plotted(), pl.File) {
+			continue
+		}
 		p, err := pl.Build(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", pl.File, err)
 		}
 		// Headroom above the data, so the legend in the top right corner covers none of it.
 		p.Y.Max *= 1.4
+		// One x value (a one-point run): gonum widens the range by ±1, which a log axis at
+		// x = 1 cannot draw; widen it by a factor instead.
+		if _, isLog := p.X.Scale.(plot.LogScale); isLog && p.X.Min == p.X.Max && p.X.Min > 0 {
+			p.X.Min, p.X.Max = p.X.Min/2, p.X.Max*2
+		}
 		c := vgimg.NewWith(vgimg.UseWH(8*vg.Inch, 4*vg.Inch), vgimg.UseDPI(150))
 		p.Draw(draw.New(c))
 		var buf bytes.Buffer
@@ -361,8 +382,8 @@ func (r *Report) Markdown() string {
 		b.WriteString("\n")
 	}
 	b.WriteString("## Plots\n\n")
-	for _, pl := range Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(pl.File, ".png"), pl.File)
+	for _, f := range r.plotted() {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(f, ".png"), f)
 	}
 	b.WriteString("Raw figures: [results.json](results.json). docs/scale.md reads these numbers.\n")
 	return b.String()

@@ -27,8 +27,11 @@ history, groups finished with rewards) through it for -load, while T trainer-ran
 processes (floe-bench capacity-rank) fetch their micro-batches of every step over Flight
 and commit it. It reports durable calls recorded per second, the latency floe adds (the
 open sessions then send each call straight to the fake and through floe, paced), floe's memory per open
-session, Flight GB/s to T ranks, and, in-process, the cost of forming a step against its
-size. Writes REPORT.md, results.json and PNG plots into -out.
+session, Flight GB/s to T ranks, what the data dir keeps (the bbolt file, bounded since
+floe archives each committed step to Parquet, and the archive's bytes per call), and,
+in-process, the cost of forming a step against its size. A point fails unless, after its
+drain, every committed step's calls are in the archive and none in the store. Writes
+REPORT.md, results.json and PNG plots into -out.
 
 `
 
