@@ -62,12 +62,16 @@ type ReplicaStatus struct {
 // goes on to the next, through every candidate; an answer the request may have caused
 // (a 5xx, a 429 or 503, the connection dropped after the request was sent, a stream
 // broken before its first delta) moves the call to the next replica once per call and
-// marks nothing down. A connection the server had closed while idle, before the request
-// reached it, is retried once on the same replica. Health checks mark a replica down
-// after FailedChecksToMarkDown failures in a row, and up after one pass.
+// marks nothing down. A connection dropped with no answer (most often the keep-alive
+// race) is first retried once on the same replica; when that retry cannot connect, the
+// replica is marked down and the next one is the call's one fail-over (the request may
+// be what killed it). Health checks mark a replica down after FailedChecksToMarkDown
+// failures in a row, and up after one pass.
 //
 // What a harness sends never chooses a replica: the session id is floe's, not the
-// caller's, and nothing a request provokes marks a replica down for the other sessions.
+// caller's. A replica is marked down only when it cannot be connected to or fails its
+// checks, so a request can take a replica away from the other sessions only by killing
+// its server, and then only the replicas it reached: two at most.
 type Pool struct {
 	replicas []*replica
 	// HealthInterval is how often Run checks every replica's GET /health; 0:
@@ -399,10 +403,13 @@ func try[T any](p *Pool, ctx context.Context, sent func() bool, call func(contex
 	)
 	cands := p.candidates(session)
 	answerFailedOver, dropRetried := false, false
+	retrying := false // this try is the retry of a dropped connection
 	for i := 0; i < len(cands); {
 		r := cands[i]
 		start := time.Now()
 		out, err = call(ctx, r.Engine)
+		wasRetry := retrying
+		retrying = false
 		if err == nil {
 			if p.Metrics != nil {
 				p.Metrics.ReplicaCalled(r.label, time.Since(start), false)
@@ -427,9 +434,17 @@ func try[T any](p *Pool, ctx context.Context, sent func() bool, call func(contex
 		}
 		switch {
 		case retry:
-			dropRetried = true
+			dropRetried, retrying = true, true
 			p.log().Debug("retrying the same inference replica after a dropped connection", "upstream", r.label, "err", err)
 			continue
+		case errors.As(err, &un) && wasRetry:
+			// The replica dropped the call and is gone now: it may be the request that
+			// killed it, so the next replica is the call's one fail-over, not a free one.
+			p.mark(r, false, un.Err.Message)
+			if answerFailedOver {
+				return out, err
+			}
+			answerFailedOver = true
 		case errors.As(err, &un):
 			p.mark(r, false, un.Err.Message)
 		case answerFailed(err) && !answerFailedOver:

@@ -219,6 +219,9 @@ func TestPoolFailoverPolicy(t *testing.T) {
 		{"dropped everywhere: three calls, two replicas", [3][]error{{dropped, dropped}, {dropped, dropped}, {dropped}}, [3]int{2, 1, 0}, false, nil},
 		{"dropped, then a 500 everywhere", [3][]error{{dropped, server500}, {server500}, {}}, [3]int{2, 1, 0}, false, nil},
 		{"dropped, then refused on the retry", [3][]error{{dropped, dial}, {}, {}}, [3]int{2, 1, 0}, true, []int{0}},
+		// A request that kills the replicas it reaches (dropped, then refused) reaches two.
+		{"dropped then refused everywhere", [3][]error{{dropped, dial}, {dropped, dial}, {dropped, dial}}, [3]int{2, 1, 0}, false, []int{0}},
+		{"a 500, then dropped then refused", [3][]error{{server500}, {dropped, dial}, {}}, [3]int{1, 2, 0}, false, []int{1}},
 		{"a timeout is not retried", [3][]error{{timeout}, {}, {}}, [3]int{1, 0, 0}, false, nil},
 		{"a rejected request is not retried", [3][]error{{rejected}, {}, {}}, [3]int{1, 0, 0}, false, nil},
 	}
