@@ -18,6 +18,11 @@ import (
 // DefaultHealthInterval is how often a Pool checks its replicas by default.
 const DefaultHealthInterval = 5 * time.Second
 
+// FailedChecksToMarkDown is how many health checks in a row a replica must fail before
+// the checks mark it down: one check lost to a busy or restarting server's blip does not
+// move its sessions off their prefix cache.
+const FailedChecksToMarkDown = 2
+
 // Replica is one inference server of a Pool: its base URL and the engine that talks to it.
 type Replica struct {
 	URL    string
@@ -49,15 +54,24 @@ type ReplicaStatus struct {
 // Pool is the proxy's Engine over several inference replicas. A session's calls stick to
 // one replica, for its prefix cache: rendezvous (highest-random-weight) hashing of the
 // session id over the healthy replicas, so that a replica going down moves only its own
-// sessions, and they come back when it recovers. A call fails over to the next replica
-// in its session's order only while nothing of its answer has reached the caller: the
-// replica could not be reached, answered a 5xx, or broke its stream before its first
-// delta. A replica is marked down when it cannot be reached or fails a health check, and
-// up after a passing one.
+// sessions, and they come back when it recovers.
+//
+// A call fails over only while nothing of its answer has reached the caller, and what a
+// request can provoke costs at most one extra replica: a replica that could not be
+// reached (the dial failed: the request never left floe) is marked down and the call
+// goes on to the next, through every candidate; an answer the request may have caused
+// (a 5xx, a 429 or 503, the connection dropped after the request was sent, a stream
+// broken before its first delta) moves the call to the next replica once per call and
+// marks nothing down. A connection dropped with no answer (most often the keep-alive
+// race) is first retried once on the same replica; when that retry cannot connect, the
+// replica is marked down and the next one is the call's one fail-over (the request may
+// be what killed it). Health checks mark a replica down after FailedChecksToMarkDown
+// failures in a row, and up after one pass.
 //
 // What a harness sends never chooses a replica: the session id is floe's, not the
-// caller's, and an error a request provokes (a 5xx, a timeout) moves that one call, never
-// marks a replica down for the other sessions.
+// caller's. A replica is marked down only when it cannot be connected to or fails its
+// checks, so a request can take a replica away from the other sessions only by killing
+// its server, and then only the replicas it reached: two at most.
 type Pool struct {
 	replicas []*replica
 	// HealthInterval is how often Run checks every replica's GET /health; 0:
@@ -75,6 +89,8 @@ type replica struct {
 	healthy atomic.Bool
 	mu      sync.Mutex
 	reason  string
+	// failedChecks counts the health checks failed since the last pass.
+	failedChecks int
 }
 
 // NewPool returns the pool of replicas, all healthy until a call or a check says
@@ -238,8 +254,8 @@ func (p *Pool) mark(r *replica, healthy bool, reason string) {
 }
 
 // Run checks every replica's GET /health each HealthInterval until ctx ends (at once
-// with a negative interval). A check that does not answer 200 within the interval marks
-// its replica down; one that does marks it up.
+// with a negative interval). FailedChecksToMarkDown checks in a row that do not answer
+// 200 within the interval mark the replica down; one that does marks it up.
 func (p *Pool) Run(ctx context.Context) error {
 	if p.Metrics != nil {
 		for _, r := range p.replicas {
@@ -267,7 +283,9 @@ func (p *Pool) Run(ctx context.Context) error {
 }
 
 // CheckAll checks every replica at once, each within timeout, and returns once all have
-// answered.
+// answered. A failed check marks its replica down when it is the FailedChecksToMarkDown-th
+// in a row (or the replica is down already: the check's reason replaces the older one); a
+// passing one marks it up.
 func (p *Pool) CheckAll(ctx context.Context, timeout time.Duration) {
 	var wg sync.WaitGroup
 	for _, r := range p.replicas {
@@ -278,10 +296,19 @@ func (p *Pool) CheckAll(ctx context.Context, timeout time.Duration) {
 			if ctx.Err() != nil {
 				return // stopping: a cancelled check says nothing of the replica
 			}
+			r.mu.Lock()
 			if err != nil {
-				p.mark(r, false, "health check: "+err.Error())
+				r.failedChecks++
 			} else {
+				r.failedChecks = 0
+			}
+			failed := r.failedChecks
+			r.mu.Unlock()
+			switch {
+			case err == nil:
 				p.mark(r, true, "")
+			case failed >= FailedChecksToMarkDown || !r.healthy.Load():
+				p.mark(r, false, "health check: "+err.Error())
 			}
 		}()
 	}
@@ -315,25 +342,37 @@ func (p *Pool) check(ctx context.Context, r *replica, timeout time.Duration) err
 }
 
 // UnreachableError is an upstream call's error when the request never reached the
-// server: the connection was refused, timed out or was reset before any answer. Engines
-// return it so that a Pool knows the replica, not the request, is at fault.
+// server: the dial failed (connection refused, no route, no connection within the
+// connect timeout). Engines return it so that a Pool knows the replica, not the request,
+// is at fault: it marks the replica down and fails over.
 type UnreachableError struct{ Err *Error }
 
 func (e *UnreachableError) Error() string { return e.Err.Error() }
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
-// failoverable says whether a call that failed with err, before any of its answer reached
-// the caller, may go to the next replica.
-func failoverable(err error) bool {
+// DroppedError is an upstream call's error when the connection broke before any answer
+// came back (a reset, an EOF, the server closing the kept-alive connection the call was
+// sent on). The request may never have been read: most often it is the keep-alive race,
+// the server closing an idle connection (uvicorn's 5 s keep-alive) just as floe sends on
+// it. It may also be the request's own doing, so it marks nothing down: a Pool retries
+// the same replica once (the broken connection is gone, so the retry goes on another),
+// then counts it as a failed answer, which fails over once.
+type DroppedError struct{ Err *Error }
+
+func (e *DroppedError) Error() string { return e.Err.Error() }
+func (e *DroppedError) Unwrap() error { return e.Err }
+
+// answerFailed says whether a call that failed with err, before any of its answer reached
+// the caller, got an answer the request itself may have provoked but another replica may
+// serve: a 5xx, a 429 or 503, a dropped connection (once retried), a stream broken
+// before its first delta. A Pool sends such a call to one more replica, not more,
+// and marks none down. A deadline is not one: it is the caller's to spend once, not once
+// per replica.
+func answerFailed(err error) bool {
 	var e *Error
 	if !errors.As(err, &e) {
 		return false
 	}
-	var un *UnreachableError
-	if errors.As(err, &un) {
-		return true
-	}
-	// A deadline is the caller's to spend once, not once per replica.
 	return e.Kind == ErrUpstreamUnavailable || e.Kind == ErrOverloaded
 }
 
@@ -350,8 +389,12 @@ func replicaFault(err error) bool {
 	return false
 }
 
-// try runs call on session's candidates in turn until one answers, the error is not one
-// to fail over on, or sent reports that some of the answer reached the caller.
+// try runs call on session's candidates in turn until one answers, or the call may not
+// go on: the error is not one to fail over on, sent reports that some of the answer
+// reached the caller, or the call has had its one extra replica for a failed answer
+// (unreachable replicas, which the request never reached, do not count). So a request
+// reaches at most two replicas that read it, and three calls: one retried after a
+// dropped connection, one failed over.
 func try[T any](p *Pool, ctx context.Context, sent func() bool, call func(context.Context, Engine) (T, error)) (T, error) {
 	session, _ := SessionFrom(ctx)
 	var (
@@ -359,9 +402,14 @@ func try[T any](p *Pool, ctx context.Context, sent func() bool, call func(contex
 		err error
 	)
 	cands := p.candidates(session)
-	for i, r := range cands {
+	answerFailedOver, dropRetried := false, false
+	retrying := false // this try is the retry of a dropped connection
+	for i := 0; i < len(cands); {
+		r := cands[i]
 		start := time.Now()
 		out, err = call(ctx, r.Engine)
+		wasRetry := retrying
+		retrying = false
 		if err == nil {
 			if p.Metrics != nil {
 				p.Metrics.ReplicaCalled(r.label, time.Since(start), false)
@@ -371,20 +419,47 @@ func try[T any](p *Pool, ctx context.Context, sent func() bool, call func(contex
 		if ctx.Err() != nil || errors.Is(err, ErrCallerGone) {
 			return out, err // the caller went, or a weight sync cut the call off
 		}
+		var (
+			un      *UnreachableError
+			dropped *DroppedError
+		)
+		retry := errors.As(err, &dropped) && !dropRetried && (sent == nil || !sent())
 		if p.Metrics != nil {
-			p.Metrics.ReplicaCalled(r.label, 0, replicaFault(err))
+			// A dropped connection retried is most often the keep-alive race: the replica's
+			// error only if the retry fails too.
+			p.Metrics.ReplicaCalled(r.label, 0, !retry && replicaFault(err))
 		}
-		var un *UnreachableError
-		if errors.As(err, &un) {
+		if sent != nil && sent() {
+			return out, err
+		}
+		switch {
+		case retry:
+			dropRetried, retrying = true, true
+			p.log().Debug("retrying the same inference replica after a dropped connection", "upstream", r.label, "err", err)
+			continue
+		case errors.As(err, &un) && wasRetry:
+			// The replica dropped the call and is gone now: it may be the request that
+			// killed it, so the next replica is the call's one fail-over, not a free one.
 			p.mark(r, false, un.Err.Message)
+			if answerFailedOver {
+				return out, err
+			}
+			answerFailedOver = true
+		case errors.As(err, &un):
+			p.mark(r, false, un.Err.Message)
+		case answerFailed(err) && !answerFailedOver:
+			answerFailedOver = true
+		default:
+			return out, err
 		}
-		if (sent != nil && sent()) || !failoverable(err) || i == len(cands)-1 {
+		if i == len(cands)-1 {
 			return out, err
 		}
 		if p.Metrics != nil {
 			p.Metrics.ReplicaFailover(r.label)
 		}
 		p.log().Warn("failing over to the next inference replica", "from", r.label, "to", cands[i+1].label, "err", err)
+		i++
 	}
 	return out, err
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -364,5 +365,153 @@ func TestSessionHeaderNeverCarriesTheKey(t *testing.T) {
 	defer mu.Unlock()
 	if len(seen) != 3 || seen[0] != "sess-made" || seen[1] == "" || seen[1] != seen[2] || strings.Contains(seen[1], "opened") {
 		t.Errorf("session headers upstream %q: want sess-made, then one digest twice, never the key", seen)
+	}
+}
+
+// refused is a behaviour of TestReplicaFailoverIsBounded's replicas: the fake is stopped,
+// so that dialling it is refused.
+const refused = -100
+
+// TestReplicaFailoverIsBounded: a session's call meets replicas, in its order, that
+// fail as the row says. A replica that refuses the connection (the request never reached
+// it) is marked down and the call goes on to the next, through every one; an answer the
+// request may have provoked (a 500, a 429 or 503, the connection reset or hung up after
+// the request was read) sends the call to one more replica, never more, and marks no
+// replica down, so a crafted request reaches at most two replicas and empties none of
+// them of the other sessions. A dropped connection is first retried on the same replica
+// once (the keep-alive race drops a request the server never read).
+func TestReplicaFailoverIsBounded(t *testing.T) {
+	const ok = 0
+	reset, hangup := fakevllm.Reset, fakevllm.Hangup
+	tests := []struct {
+		name string
+		// fail is what each replica of the session's order does with every call: a
+		// status, fakevllm.Reset or Hangup, refused, or ok (answers).
+		fail []int
+		// calls is how many times each replica, in order, gets the call (a refused one
+		// counts its tries); answered, whether the caller gets the answer; down, which
+		// replicas (by place in the order) end down.
+		calls    []int
+		answered bool
+		down     []int
+	}{
+		{"a 500 everywhere reaches two replicas", []int{500, 500, 500, 500}, []int{1, 1, 0, 0}, false, nil},
+		{"a 500 then an answer", []int{500, ok, ok, ok}, []int{1, 1, 0, 0}, true, nil},
+		{"a 429 everywhere fails over once", []int{429, 429, 429, 429}, []int{1, 1, 0, 0}, false, nil},
+		{"a 503 everywhere fails over once", []int{503, 503, 503, 503}, []int{1, 1, 0, 0}, false, nil},
+		{"a reset after the request everywhere", []int{reset, reset, reset, ok}, []int{2, 1, 0, 0}, false, nil},
+		{"a hang-up after the request everywhere", []int{hangup, hangup, ok, ok}, []int{2, 1, 0, 0}, false, nil},
+		{"a reset then an answer", []int{reset, ok, ok, ok}, []int{2, 1, 0, 0}, true, nil},
+		{"refused through all to the last", []int{refused, refused, refused, ok}, []int{1, 1, 1, 1}, true, []int{0, 1, 2}},
+		{"refused, then a 500 fails over once more", []int{refused, 500, ok, ok}, []int{1, 1, 1, 0}, true, []int{0}},
+		{"refused, then a 500 everywhere", []int{refused, 500, 500, ok}, []int{1, 1, 1, 0}, false, []int{0}},
+		{"a 500, then refused, then an answer", []int{500, refused, ok, ok}, []int{1, 1, 1, 0}, true, []int{1}},
+	}
+	for _, tt := range tests {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%t", tt.name, stream), func(t *testing.T) {
+				var mu sync.Mutex
+				failOf := map[string]int{} // by the fake's host:port
+				opts := make([]fakevllm.Options, len(tt.fail))
+				for i := range opts {
+					opts[i].Fail = func(r *http.Request) int {
+						mu.Lock()
+						defer mu.Unlock()
+						return failOf[r.Host]
+					}
+				}
+				f := newReplicaFixture(t, len(tt.fail), 1, 0, opts...)
+				order := f.pool.Order("sess-0")
+				mu.Lock()
+				for place, u := range order {
+					failOf[strings.TrimPrefix(u, "http://")] = tt.fail[place]
+					if tt.fail[place] == refused {
+						f.byURL[u].Stop()
+					}
+				}
+				mu.Unlock()
+
+				code, body := f.call(t, 0, stream)
+				if got := answered(code, body, stream); got != tt.answered {
+					t.Errorf("answered %t, want %t: %d %s", got, tt.answered, code, body)
+				}
+				failovers := 0
+				for place, u := range order {
+					n := f.byURL[u].Calls()["sess-0"]
+					if tt.fail[place] == refused {
+						n = f.metrics.get(f.metrics.calls, u) // a stopped fake counts nothing
+					}
+					if n != tt.calls[place] {
+						t.Errorf("replica %d of the order got the call %d times, want %d", place, n, tt.calls[place])
+					}
+					if m := f.metrics.get(f.metrics.calls, u); m != n {
+						t.Errorf("replica %d of the order: %d calls in the metrics, %d made", place, m, n)
+					}
+					failovers += f.metrics.get(f.metrics.failovers, u)
+				}
+				reached := 0
+				for _, n := range tt.calls {
+					if n > 0 {
+						reached++
+					}
+				}
+				if failovers != reached-1 {
+					t.Errorf("%d failovers counted, want %d", failovers, reached-1)
+				}
+				healthy := map[string]bool{}
+				for _, st := range f.pool.Status() {
+					healthy[st.URL] = st.Healthy
+				}
+				for place, u := range order {
+					if want := !slices.Contains(tt.down, place); healthy[u] != want {
+						t.Errorf("replica %d of the order (%d): healthy %t, want %t", place, tt.fail[place], healthy[u], want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestReplicaHealthNeedsFailedChecksInARow: one failed health check does not mark a
+// replica down (a blip would move its sessions off their prefix cache); the
+// FailedChecksToMarkDown-th in a row does; a pass between failures starts the count
+// again, and one pass marks a replica up.
+func TestReplicaHealthNeedsFailedChecksInARow(t *testing.T) {
+	tests := []struct {
+		name   string
+		checks []bool // what /health answers at each check: true 200, false 503
+		down   bool
+	}{
+		{"one failed check", []bool{false}, false},
+		{"two failed checks", []bool{false, false}, true},
+		{"failed, passed, failed", []bool{false, true, false}, false},
+		{"two failed, then one pass", []bool{false, false, true}, false},
+		{"two failed, a pass, one failed", []bool{false, false, true, false}, false},
+		{"three failed", []bool{false, false, false}, true},
+	}
+	if proxy.FailedChecksToMarkDown != 2 {
+		t.Fatalf("the rows assume FailedChecksToMarkDown 2, it is %d", proxy.FailedChecksToMarkDown)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newReplicaFixture(t, 2, 1, 0)
+			sick := f.fakes[0]
+			for _, ok := range tt.checks {
+				sick.SetHealthy(ok)
+				f.pool.CheckAll(context.Background(), time.Second)
+			}
+			if st := f.pool.Status()[0]; st.Healthy == tt.down {
+				t.Errorf("after checks %v: %+v, want down %t", tt.checks, st, tt.down)
+			}
+			if !f.pool.Status()[1].Healthy {
+				t.Error("the replica that passed every check is down")
+			}
+			f.metrics.mu.Lock()
+			gauge, set := f.metrics.health[sick.URL]
+			f.metrics.mu.Unlock()
+			if tt.down && (!set || gauge != 0) || !tt.down && set && gauge != 1 {
+				t.Errorf("the health gauge is %d (set %t), want down %t", gauge, set, tt.down)
+			}
+		})
 	}
 }

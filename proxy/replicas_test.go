@@ -1,9 +1,12 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/floe-rl/floe/proxy"
 )
@@ -152,5 +155,107 @@ func TestReplicaLabelHidesCredentials(t *testing.T) {
 		if got := proxy.ReplicaLabel(raw); got != want {
 			t.Errorf("ReplicaLabel(%q) = %q, want %q", raw, got, want)
 		}
+	}
+}
+
+// scripted is an Engine whose calls fail with the errors it is given, in turn, and then
+// answer; it counts its calls.
+type scripted struct {
+	errs  []error
+	calls int
+}
+
+func (e *scripted) next() error {
+	e.calls++
+	if e.calls <= len(e.errs) {
+		return e.errs[e.calls-1]
+	}
+	return nil
+}
+
+func (e *scripted) Complete(context.Context, *proxy.ChatRequest) (*proxy.Result, error) {
+	if err := e.next(); err != nil {
+		return nil, err
+	}
+	return &proxy.Result{}, nil
+}
+
+func (e *scripted) Stream(ctx context.Context, req *proxy.ChatRequest, _ proxy.StreamSink) (*proxy.Result, error) {
+	return e.Complete(ctx, req)
+}
+
+func (e *scripted) CountTokens(context.Context, *proxy.ChatRequest) (int, error) { return 1, e.next() }
+func (e *scripted) Models(context.Context) ([]string, error)                     { return []string{"m"}, e.next() }
+
+// TestPoolFailoverPolicy: what a call's error does, on a pool of three replicas whose
+// engines fail as the row says (each replica's errors in turn, by its place in the
+// session's order): which replicas it reaches, how often, and which end down.
+func TestPoolFailoverPolicy(t *testing.T) {
+	var (
+		dial      = &proxy.UnreachableError{Err: &proxy.Error{Status: 502, Kind: proxy.ErrUpstreamUnavailable, Message: "dial: connection refused"}}
+		dropped   = &proxy.DroppedError{Err: &proxy.Error{Status: 502, Kind: proxy.ErrUpstreamUnavailable, Message: "connection reset"}}
+		server500 = &proxy.Error{Status: 502, Kind: proxy.ErrUpstreamUnavailable, Message: "inference server error 500"}
+		busy      = &proxy.Error{Status: 503, Kind: proxy.ErrOverloaded, Message: "inference server busy"}
+		timeout   = proxy.TimeoutError("sent no answer", time.Second, "upstream-first-byte-timeout")
+		rejected  = &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrInvalidRequest, Message: "rejected"}
+	)
+	tests := []struct {
+		name  string
+		errs  [3][]error
+		calls [3]int
+		ok    bool
+		down  []int
+	}{
+		{"answers at once", [3][]error{}, [3]int{1, 0, 0}, true, nil},
+		{"a 500 fails over once", [3][]error{{server500}, {server500}, {}}, [3]int{1, 1, 0}, false, nil},
+		{"busy fails over once", [3][]error{{busy}, {busy}, {}}, [3]int{1, 1, 0}, false, nil},
+		{"a 500, then busy: still once", [3][]error{{server500}, {busy}, {}}, [3]int{1, 1, 0}, false, nil},
+		{"refused goes through all", [3][]error{{dial}, {dial}, {}}, [3]int{1, 1, 1}, true, []int{0, 1}},
+		{"refused everywhere", [3][]error{{dial}, {dial}, {dial}}, [3]int{1, 1, 1}, false, []int{0, 1, 2}},
+		{"refused, then a 500 fails over once more", [3][]error{{dial}, {server500}, {}}, [3]int{1, 1, 1}, true, []int{0}},
+		{"a 500, then refused, then an answer", [3][]error{{server500}, {dial}, {}}, [3]int{1, 1, 1}, true, []int{1}},
+		{"a dropped connection is retried on the same replica", [3][]error{{dropped}, {}, {}}, [3]int{2, 0, 0}, true, nil},
+		{"dropped twice, then fails over once", [3][]error{{dropped, dropped}, {}, {}}, [3]int{2, 1, 0}, true, nil},
+		{"dropped everywhere: three calls, two replicas", [3][]error{{dropped, dropped}, {dropped, dropped}, {dropped}}, [3]int{2, 1, 0}, false, nil},
+		{"dropped, then a 500 everywhere", [3][]error{{dropped, server500}, {server500}, {}}, [3]int{2, 1, 0}, false, nil},
+		{"dropped, then refused on the retry", [3][]error{{dropped, dial}, {}, {}}, [3]int{2, 1, 0}, true, []int{0}},
+		// A request that kills the replicas it reaches (dropped, then refused) reaches two.
+		{"dropped then refused everywhere", [3][]error{{dropped, dial}, {dropped, dial}, {dropped, dial}}, [3]int{2, 1, 0}, false, []int{0}},
+		{"a 500, then dropped then refused", [3][]error{{server500}, {dropped, dial}, {}}, [3]int{1, 2, 0}, false, []int{1}},
+		{"a timeout is not retried", [3][]error{{timeout}, {}, {}}, [3]int{1, 0, 0}, false, nil},
+		{"a rejected request is not retried", [3][]error{{rejected}, {}, {}}, [3]int{1, 0, 0}, false, nil},
+	}
+	const session = "sess-policy"
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			urls := []string{"http://a:1", "http://b:1", "http://c:1"}
+			order := pool(t, urls...).Order(session)
+			engines := map[string]*scripted{}
+			var rs []proxy.Replica
+			for place, u := range order {
+				engines[u] = &scripted{errs: tt.errs[place]}
+				rs = append(rs, proxy.Replica{URL: u, Engine: engines[u]})
+			}
+			p, err := proxy.NewPool(rs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = p.Complete(proxy.WithSession(context.Background(), session, ""), &proxy.ChatRequest{})
+			if (err == nil) != tt.ok {
+				t.Errorf("err %v, want ok %t", err, tt.ok)
+			}
+			healthy := map[string]bool{}
+			for _, st := range p.Status() {
+				healthy[st.URL] = st.Healthy
+			}
+			for place, u := range order {
+				if got := engines[u].calls; got != tt.calls[place] {
+					t.Errorf("replica %d of the order got %d calls, want %d", place, got, tt.calls[place])
+				}
+				if want := !slices.Contains(tt.down, place); healthy[u] != want {
+					t.Errorf("replica %d of the order: healthy %t, want %t", place, healthy[u], want)
+				}
+			}
+		})
 	}
 }

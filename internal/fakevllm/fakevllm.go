@@ -28,7 +28,20 @@ type Options struct {
 	Healthy func() bool
 	// OnCall, when set, is told of each chat completion request as it arrives.
 	OnCall func(r *http.Request)
+	// Fail, when set, is asked after a chat completion request has been read (and counted):
+	// a status of 400 or more answers it with that status and vLLM's error object (a
+	// request that makes vLLM fail after prefill, an overloaded server's 429); Reset or
+	// Hangup drops the connection with no answer; anything else answers as usual.
+	Fail func(r *http.Request) int
 }
+
+// What Options.Fail returns to drop a call's connection after reading its request.
+const (
+	// Reset closes it with a TCP reset (connection reset by peer).
+	Reset = -1
+	// Hangup closes it cleanly: the caller reads EOF where the answer should be.
+	Hangup = -2
+)
 
 // Handler serves GET /v1/models and non-streaming POST /v1/chat/completions with
 // prompt_token_ids, token_ids and logprobs.
@@ -61,6 +74,18 @@ func HandlerWith(opts Options) http.Handler {
 		if opts.OnCall != nil {
 			opts.OnCall(r)
 		}
+		if opts.Fail != nil {
+			if code := opts.Fail(r); code >= 400 {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(code)
+				_ = json.NewEncoder(w).Encode(map[string]any{"object": "error", "message": "failed as the test asked",
+					"type": http.StatusText(code), "code": code})
+				return
+			} else if code == Reset || code == Hangup {
+				drop(w, code == Reset)
+				return
+			}
+		}
 		if opts.Hold != nil {
 			opts.Hold(r)
 			if r.Context().Err() != nil {
@@ -90,6 +115,19 @@ func HandlerWith(opts Options) http.Handler {
 				"message": map[string]any{"role": "assistant", "content": answer}}}})
 	})
 	return mux
+}
+
+// drop closes the call's connection without an answer; with reset, by a TCP reset
+// (SO_LINGER 0), as a server that crashes or aborts the request does.
+func drop(w http.ResponseWriter, reset bool) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler) // closes the connection all the same
+	}
+	if tc, ok := conn.(*net.TCPConn); ok && reset {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
 }
 
 // stream answers as vLLM streams with return_token_ids: the prompt ids in the first

@@ -3,6 +3,7 @@ package fakevllm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -95,5 +96,51 @@ func TestServerStopsRestartsAndCounts(t *testing.T) {
 	}
 	if got := s.Calls(); got["sess-1"] != 3 || len(got) != 1 {
 		t.Errorf("calls %v, want sess-1: 3", got)
+	}
+}
+
+// TestFailAnswersOrDrops: Fail answers a read request with the status it returns (in
+// vLLM's error object), drops its connection with a reset or a hang-up, or lets it be
+// answered; the call is counted either way.
+func TestFailAnswersOrDrops(t *testing.T) {
+	tests := []struct {
+		fail    int
+		status  int
+		errWant string // what the client's error says, when the connection is dropped
+	}{
+		{0, 200, ""},
+		{500, 500, ""},
+		{429, 429, ""},
+		{Reset, 0, "connection reset by peer"},
+		{Hangup, 0, "EOF"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.fail), func(t *testing.T) {
+			s, err := Start(Options{Fail: func(*http.Request) int { return tt.fail }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/chat/completions", strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set(SessionHeader, "s")
+			resp, err := http.DefaultClient.Do(req)
+			if tt.errWant != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.errWant) {
+					t.Fatalf("err %v, want one saying %q", err, tt.errWant)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != tt.status || tt.status != 200 && !strings.Contains(string(body), `"object":"error"`) {
+					t.Fatalf("%d %s, want %d", resp.StatusCode, body, tt.status)
+				}
+			}
+			if n := s.Calls()["s"]; n != 1 {
+				t.Errorf("%d calls counted, want 1", n)
+			}
+		})
 	}
 }

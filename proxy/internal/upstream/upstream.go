@@ -188,16 +188,26 @@ func setSession(ctx context.Context, hr *http.Request) {
 	}
 }
 
-// unreachable is the error of a call that got no answer from the server at baseURL: a
-// proxy.UnreachableError, so that a replica pool fails over and marks the replica down.
-// The message names the server without the credentials its URL may hold.
+// unreachable is the error of a call that got no answer from the server at baseURL, by
+// what a replica pool may make of it: a failed dial (the request never reached the
+// server) is a proxy.UnreachableError, so that the pool marks the replica down and fails
+// over; any other (a reset or EOF before any answer, the server closing a kept-alive
+// connection: the keep-alive race, or the request's own doing) is a proxy.DroppedError,
+// retried once and marking nothing down. The message names the server without the
+// credentials its URL may hold.
 func unreachable(baseURL string, err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err // its URL may hold credentials
 	}
-	return &proxy.UnreachableError{Err: &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
-		Message: fmt.Sprintf("the inference server at %s is unreachable: %v", proxy.ReplicaLabel(baseURL), err)}}
+	label := proxy.ReplicaLabel(baseURL)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return &proxy.UnreachableError{Err: &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
+			Message: fmt.Sprintf("the inference server at %s is unreachable: %v", label, err)}}
+	}
+	return &proxy.DroppedError{Err: &proxy.Error{Status: http.StatusBadGateway, Kind: proxy.ErrUpstreamUnavailable,
+		Message: fmt.Sprintf("the inference server at %s dropped the connection with no answer: %v", label, err)}}
 }
 
 // PostJSON sends the JSON body to baseURL+path and returns the response, or an *Error for
