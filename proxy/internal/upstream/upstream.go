@@ -26,10 +26,14 @@ import (
 
 // Client keeps enough idle connections for hundreds of concurrent sessions; the
 // default transport keeps two per host, so a busy proxy would open a TCP connection per
-// call. It connects within the call's proxy.UpstreamTimeouts.Connect.
+// call. It connects within the call's proxy.UpstreamTimeouts.Connect. An idle connection
+// is closed after 4 s, before vLLM's and SGLang's uvicorn closes it at its 5 s keep-alive:
+// otherwise a call could be written to a connection the server is closing, and fail for
+// nothing the replica did.
 var Client = &http.Client{Transport: func() http.RoundTripper {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 1024
+	t.IdleConnTimeout = 4 * time.Second
 	t.DialContext = dial
 	return t
 }()}
