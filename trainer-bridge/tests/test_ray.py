@@ -5,7 +5,9 @@ as Ray actors on two other nodes reading their share of each step over Flight, a
 floe actor killed mid-run (a step read but not committed, a group with calls but not
 finished). Ray restarts it on its node with the same data dir and ports; afterwards every
 session is trained in exactly one committed step, with every call it made (before and
-after the restart) and every sampled token of them as a loss row exactly once.
+after the restart) and every sampled token of them as a loss row exactly once, as the
+Parquet archive floe writes of each committed step (in the actor's data dir) records.
+A restart whose saved port is taken meanwhile binds a fresh one and publishes it.
 
 Tokens travel only in runtime envs: the workers are started before the driver has them,
 and a task on the rollout node without the control token is refused.
@@ -13,8 +15,10 @@ and a task on the rollout node without the control token is refused.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import socket
 import sys
 import time
 import urllib.error
@@ -23,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 import pytest
 import ray
 from floe_stack import Stack, refserver_argv
@@ -197,6 +202,44 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
+def _archived(control: str, archive: Path, steps: int, within: float = 30.0) -> dict[str, list[Any]]:
+    """The archive's sessions (id, step, calls) and calls (session, step, index, trainable,
+    sampled tokens), once floe's status says ``steps`` steps are archived."""
+    deadline = time.monotonic() + within
+    while (n := floe_ray.control_request(f"{control}/floe/v1/status").get("store", {})
+           .get("archived_steps", 0)) < steps:
+        assert time.monotonic() < deadline, f"{n} of {steps} committed steps archived after {within:.0f}s"
+        time.sleep(0.2)
+    sessions = ds.dataset(archive / "sessions", format="parquet").to_table(
+        columns=["session_id", "step", "calls"]).to_pylist()
+    calls = ds.dataset(archive / "calls", format="parquet").to_table(
+        columns=["session_id", "step", "call_index", "trainable", "response_ids"]).to_pylist()
+    return {"sessions": [(r["session_id"], r["step"], r["calls"]) for r in sessions],
+            "calls": [{**c, "sampled": len(c.pop("response_ids"))} for c in calls]}
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _hold(port: int, within: float = 10.0) -> socket.socket:
+    """Listen on 127.0.0.1:``port`` (as floe binds it, with SO_REUSEADDR), so that no one
+    else can bind it; retried while a dying process may still hold it."""
+    deadline = time.monotonic() + within
+    while True:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return s
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _kill_for_good(name: str) -> None:
     try:
         ray.kill(ray.get_actor(name, namespace=NS), no_restart=True)
@@ -293,11 +336,20 @@ def test_floe_actor_restart_mid_run_loses_nothing(
                 rows.update(rd["loss_rows"])
         assert dict(trained) == dict.fromkeys(made, 1)
         assert calls == made
-        want_rows = {}
-        for sid in made:
-            sess = floe_ray.control_request(f"{addrs.control}/floe/v1/sessions/{sid}")
-            want_rows[sid] = sum(len(c["response_ids"]) for c in sess["calls"] if c["trainable"])
-        assert dict(rows) == want_rows and all(n > 0 for n in want_rows.values())
+        # floe archived each committed step (the first floe some, the restarted one the
+        # rest) and removed it from its store: the record is the archive in its data dir.
+        archive = _archived(addrs.control, data / "archive", len(steps))
+        step_of = {sid: reads[0]["step"] for reads in committed for sid in reads[0]["calls"]}
+        assert {sid: (st, n) for sid, st, n in archive["sessions"]} == {
+            sid: (step_of[sid], made[sid]) for sid in made}
+        assert len(archive["sessions"]) == len(made), "a session archived twice"
+        made_calls = Counter((c["session_id"], c["step"], c["call_index"]) for c in archive["calls"])
+        assert made_calls == Counter((sid, step_of[sid], i) for sid, n in made.items() for i in range(n))
+        assert all(c["trainable"] for c in archive["calls"]), "an untrainable call"
+        want_rows: Counter[str] = Counter()
+        for c in archive["calls"]:
+            want_rows[c["session_id"]] += c["sampled"]
+        assert dict(rows) == dict(want_rows) and all(n > 0 for n in want_rows.values())
 
         code = floe_ray.stop(NAME, NS)
         assert code == 0 and _gone(new_pid, 10)
@@ -313,24 +365,99 @@ def test_floe_actor_restart_mid_run_loses_nothing(
 def test_floe_dies_with_its_actor_and_the_actor_with_floe(
     upstream: str, cluster: float, floe_bin: Path, tmp_path: Path
 ) -> None:
-    """floe killed on its own: the actor exits and Ray restarts both, on the same ports.
-    The actor killed for good: floe goes with it (nothing restarts it, nothing is left)."""
+    """floe killed on its own: the actor exits and Ray restarts both; the restarted floe
+    binds the saved ports, but one that another process took meanwhile (the proxy's here)
+    is replaced by a fresh port, which the actor publishes. The actor killed for good:
+    floe goes with it (nothing restarts it, nothing is left)."""
     name = "floe-lifecycle"
-    actor = floe_ray.start(name, namespace=NS, floe_bin=str(floe_bin), data_dir=str(tmp_path / "data"),
+    data = tmp_path / "data"
+    actor = floe_ray.start(name, namespace=NS, floe_bin=str(floe_bin), data_dir=str(data),
                            host="127.0.0.1", num_cpus=0, flags=["-upstream", upstream])
+    held = None
     try:
         addrs, pid = floe_ray.lookup(name, NS), ray.get(actor.pid.remote())
+        assert addrs.flight.startswith("grpc+tcp://127.0.0.1:")
         os.kill(pid, 9)
         assert _gone(pid, 10)
+        held = _hold(_port(addrs.proxy))  # before Ray has restarted the actor (seconds)
         deadline = time.monotonic() + 60
         while (new_pid := ray.get(actor.pid.remote(), timeout=60)) == pid and time.monotonic() < deadline:
             time.sleep(0.2)  # the dead incarnation may still answer until its watchdog exits
-        assert new_pid != pid and floe_ray.lookup(name, NS) == addrs
-        assert addrs.flight.startswith("grpc+tcp://127.0.0.1:")
+        assert new_pid != pid
+        moved = floe_ray.lookup(name, NS)
+        assert (moved.control, moved.flight) == (addrs.control, addrs.flight)
+        assert moved.proxy != addrs.proxy and moved.proxy.startswith("http://127.0.0.1:")
+        assert json.loads((data / floe_ray.ADDRESSES_FILE).read_text()) == {
+            "proxy": moved.proxy, "control": moved.control, "flight": moved.flight}
+        assert f"listen tcp {_hostport(addrs.proxy)}: bind: address already in use" in (
+            data / floe_ray.LOG_FILE).read_text()
 
         ray.kill(actor, no_restart=True)
         assert _gone(new_pid, 30), "floe outlived its actor"
         with pytest.raises(ValueError):
             ray.get_actor(name, namespace=NS)
     finally:
+        if held is not None:
+            held.close()
         _kill_for_good(name)
+
+
+def _hostport(url: str) -> str:
+    return url.split("://", 1)[1]
+
+
+# --- launch_floe, the actor's start of floe, without Ray ----------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.timeout(60)
+def test_launch_rebinds_saved_ports_and_replaces_a_taken_one(floe_bin: Path, tmp_path: Path) -> None:
+    """A start binds the saved addresses; a saved port that is taken is replaced by a fresh
+    one (the others kept) and the new addresses are saved, for the next start to bind."""
+    flags = ["-upstream", "http://127.0.0.1:9"]
+    proc, first = floe_ray.launch_floe(str(floe_bin), tmp_path, flags)
+    assert floe_ray._stop_process(proc, 10) == 0
+    proc, again = floe_ray.launch_floe(str(floe_bin), tmp_path, flags)
+    assert again == first
+    assert floe_ray._stop_process(proc, 10) == 0
+    with _hold(_port(first.flight)):
+        proc, moved = floe_ray.launch_floe(str(floe_bin), tmp_path, flags)
+        try:
+            assert (moved.proxy, moved.control) == (first.proxy, first.control)
+            assert moved.flight != first.flight and moved.flight.startswith("grpc+tcp://127.0.0.1:")
+            saved = json.loads((tmp_path / floe_ray.ADDRESSES_FILE).read_text())
+            assert saved == {"proxy": moved.proxy, "control": moved.control, "flight": moved.flight}
+        finally:
+            assert floe_ray._stop_process(proc, 10) == 0
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary addresses file left"
+
+
+@pytest.mark.timeout(60)
+def test_launch_binds_explicit_ports_and_waits_for_a_taken_one(floe_bin: Path, tmp_path: Path) -> None:
+    """Explicit ports are bound as given, never replaced: one that stays taken is an error
+    (with floe's message) once the timeout has passed."""
+    flags = ["-upstream", "http://127.0.0.1:9"]
+    ports = _free_ports(3)
+    proc, addrs = floe_ray.launch_floe(str(floe_bin), tmp_path, flags, ports=ports)
+    try:
+        assert [_port(a) for a in (addrs.proxy, addrs.control, addrs.flight)] == ports
+    finally:
+        assert floe_ray._stop_process(proc, 10) == 0
+    taken = f"floe: control listen: listen tcp 127.0.0.1:{ports[1]}: bind: address already in use"
+    with _hold(ports[1]):
+        with pytest.raises(RuntimeError, match=rf"control port 127\.0\.0\.1:{ports[1]} still taken after 4s"
+                           rf"(.|\n)*bind: address already in use"):
+            floe_ray.launch_floe(str(floe_bin), tmp_path, flags, ports=ports, timeout=4)
+    # it tried again while the port was taken, and never bound another one
+    assert (tmp_path / floe_ray.LOG_FILE).read_text().count(taken) >= 2
+    assert json.loads((tmp_path / floe_ray.ADDRESSES_FILE).read_text()) == {
+        "proxy": addrs.proxy, "control": addrs.control, "flight": addrs.flight}
