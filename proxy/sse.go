@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	// goccy/go-json encodes and decodes like encoding/json, two to three times faster;
 	// the proxy spends most of its time on JSON.
@@ -80,6 +81,10 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 // caller went away, and the call is recorded as aborted.
 var ErrCallerGone = errors.New("the caller went away")
 
+// sseReaders are ReadSSE's buffers, reused: each stream would otherwise allocate (and
+// clear) 64 KiB, as much as a long request's body, for the garbage collector to reclaim.
+var sseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
 // maxSSELine bounds one line of an upstream stream.
 const maxSSELine = 64 << 20
 
@@ -88,7 +93,12 @@ const maxSSELine = 64 << 20
 // when not nil, is called whenever the bytes read so far are used up, before blocking for
 // more.
 func ReadSSE(r io.Reader, idle func(), onData func([]byte) error) error {
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := sseReaders.Get().(*bufio.Reader)
+	br.Reset(r)
+	defer func() {
+		br.Reset(nil) // holds no reference to the stream while pooled
+		sseReaders.Put(br)
+	}()
 	var data, long []byte
 	have := false
 	for {

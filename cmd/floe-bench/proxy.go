@@ -19,7 +19,8 @@ const proxyUsage = `usage: floe-bench proxy [flags]
 Measures the proxy's cost in every dialect (OpenAI chat and Responses, Anthropic
 Messages, Gemini), at each request size, streaming and not: added latency (each request
 sent straight to a zero-latency fake vLLM and through the proxy in front of it,
-alternately), concurrent streaming throughput with the proxy on one core, and its CPU
+alternately, the proxy with Go's default GOMAXPROCS), concurrent streaming throughput
+with the proxy on one core (GOMAXPROCS=1), and its CPU
 time per request. With -litellm, LiteLLM's proxy is measured the same way beside it; with
 -memory, the proxy's RSS under load, its stored calls unbounded and then bounded.
 
@@ -83,7 +84,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if *litellm != "" {
 			cmd += " -litellm .venv-litellm/bin/litellm"
 		}
-		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. The proxy runs as a child process with GOMAXPROCS=1; the fake upstream and the clients run in the benchmark's process. "+
+		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. floe's proxy runs as a child process: with Go's default GOMAXPROCS (every core, as `floe proxy` runs) for the latency phase, and with GOMAXPROCS=1 for the throughput phase and its CPU per request; the fake upstream and the clients run in the benchmark's process. "+
 			"Measured on a busy 2-core machine, shared with other jobs that ran during the measurement: compare rows of one run, and read ratios rather than absolute figures.\n\n"+
 			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
 			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+

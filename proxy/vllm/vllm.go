@@ -67,7 +67,7 @@ func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) 
 		if stream {
 			vr.StreamOptions = map[string]any{"include_usage": true}
 		}
-		return gojson.Marshal(vr)
+		return upstream.Marshal(vr)
 	})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
