@@ -58,7 +58,17 @@ func skipValue(b []byte, i int, ix *index) (int, error) {
 	if i >= len(b) {
 		return 0, errMalformed
 	}
-	if c := b[i]; c == '"' || c == '{' || c == '[' {
+	switch b[i] {
+	case '"':
+		// A short string (most keys' values) ends within the few bytes the index does
+		// not note; only a longer one is looked up.
+		if end, err := skipString(b[i:min(len(b), i+indexMinString)], 0); err == nil {
+			return i + end, nil
+		}
+		if end, ok := ix.end(b, i); ok {
+			return end, nil
+		}
+	case '{', '[':
 		if end, ok := ix.end(b, i); ok {
 			return end, nil
 		}
