@@ -375,13 +375,23 @@ type chatChunk struct {
 }
 
 type chatChunkChoice struct {
-	Index        int            `json:"index"`
-	Delta        map[string]any `json:"delta"`
-	FinishReason *string        `json:"finish_reason"`
-	Logprobs     any            `json:"logprobs"`
+	Index        int     `json:"index"`
+	Delta        any     `json:"delta"` // a map, or contentDelta / reasoningDelta
+	FinishReason *string `json:"finish_reason"`
+	Logprobs     any     `json:"logprobs"`
 }
 
-func (s *chatStream) chunk(delta map[string]any, finish *string, usage *proxy.Usage) error {
+// contentDelta and reasoningDelta are the deltas of most chunks, encoded from a struct
+// rather than a map (half the cost; the same bytes as map[string]any{"content": …}).
+type contentDelta struct {
+	Content string `json:"content"`
+}
+
+type reasoningDelta struct {
+	ReasoningContent string `json:"reasoning_content"`
+}
+
+func (s *chatStream) chunk(delta any, finish *string, usage *proxy.Usage) error {
 	c := chatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.req.Model, Choices: []chatChunkChoice{}, Usage: usage}
 	if delta != nil {
 		c.Choices = append(c.Choices, chatChunkChoice{Delta: delta, FinishReason: finish})
@@ -402,12 +412,12 @@ func (s *chatStream) Delta(d proxy.Delta) error {
 		return err
 	}
 	if d.Reasoning != "" {
-		if err := s.chunk(map[string]any{"reasoning_content": d.Reasoning}, nil, nil); err != nil {
+		if err := s.chunk(reasoningDelta{d.Reasoning}, nil, nil); err != nil {
 			return err
 		}
 	}
 	if d.Content != "" {
-		if err := s.chunk(map[string]any{"content": d.Content}, nil, nil); err != nil {
+		if err := s.chunk(contentDelta{d.Content}, nil, nil); err != nil {
 			return err
 		}
 	}
