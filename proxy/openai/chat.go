@@ -391,6 +391,25 @@ type reasoningDelta struct {
 	ReasoningContent string `json:"reasoning_content"`
 }
 
+// toolCallsDelta is a chunk's tool-call fragments; its fields are in the order of their
+// names, as the map it replaces was encoded: the first fragment of a call carries its id
+// and type, and a name when it has one.
+type toolCallsDelta struct {
+	ToolCalls []toolCallDelta `json:"tool_calls"`
+}
+
+type toolCallDelta struct {
+	Function toolCallFunctionDelta `json:"function"`
+	ID       string                `json:"id,omitempty"`
+	Index    int                   `json:"index"`
+	Type     string                `json:"type,omitempty"`
+}
+
+type toolCallFunctionDelta struct {
+	Arguments string `json:"arguments"`
+	Name      string `json:"name,omitempty"`
+}
+
 func (s *chatStream) chunk(delta any, finish *string, usage *proxy.Usage) error {
 	c := chatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.req.Model, Choices: []chatChunkChoice{}, Usage: usage}
 	if delta != nil {
@@ -422,19 +441,15 @@ func (s *chatStream) Delta(d proxy.Delta) error {
 		}
 	}
 	if len(d.ToolCalls) > 0 {
-		var calls []map[string]any
+		calls := make([]toolCallDelta, 0, len(d.ToolCalls))
 		for _, tc := range d.ToolCalls {
-			fn := map[string]any{"arguments": tc.Arguments}
-			call := map[string]any{"index": tc.Index, "function": fn}
+			call := toolCallDelta{Function: toolCallFunctionDelta{Arguments: tc.Arguments, Name: tc.Name}, ID: tc.ID, Index: tc.Index}
 			if tc.ID != "" {
-				call["id"], call["type"] = tc.ID, "function"
-			}
-			if tc.Name != "" {
-				fn["name"] = tc.Name
+				call.Type = "function"
 			}
 			calls = append(calls, call)
 		}
-		return s.chunk(map[string]any{"tool_calls": calls}, nil, nil)
+		return s.chunk(toolCallsDelta{calls}, nil, nil)
 	}
 	return nil
 }

@@ -1000,8 +1000,9 @@ func (s *responsesStream) emit(typ string, ev map[string]any) {
 	s.err = s.sse.Event(typ, ev)
 }
 
-// respTextDelta is a response.output_text.delta event, and respSummaryDelta a
-// response.reasoning_summary_text.delta one: one per token or so, so encoded from a
+// respTextDelta is a response.output_text.delta event, respSummaryDelta a
+// response.reasoning_summary_text.delta one and respArgumentsDelta a
+// response.function_call_arguments.delta one: one per token or so, so encoded from a
 // struct rather than a map (half the cost). Their fields are in the order of their
 // names, as a map's keys are encoded: the events are the same bytes as emit's.
 type respTextDelta struct {
@@ -1023,6 +1024,14 @@ type respSummaryDelta struct {
 	Type           string `json:"type"`
 }
 
+type respArgumentsDelta struct {
+	Delta          string `json:"delta"`
+	ItemID         string `json:"item_id"`
+	OutputIndex    int    `json:"output_index"`
+	SequenceNumber int    `json:"sequence_number"`
+	Type           string `json:"type"`
+}
+
 // emitDelta writes a delta event, numbered as emit numbers events.
 func (s *responsesStream) emitDelta(ev interface {
 	number(seq int) (typ string)
@@ -1037,6 +1046,10 @@ func (s *responsesStream) emitDelta(ev interface {
 
 func (e *respTextDelta) number(seq int) string    { e.SequenceNumber = seq; return e.Type }
 func (e *respSummaryDelta) number(seq int) string { e.SequenceNumber = seq; return e.Type }
+func (e *respArgumentsDelta) number(seq int) string {
+	e.SequenceNumber = seq
+	return e.Type
+}
 
 // open appends item to the output and announces it.
 func (s *responsesStream) open(kind int, item any) int {
@@ -1130,7 +1143,7 @@ func (s *responsesStream) Delta(d proxy.Delta) error {
 			c.item.Arguments = c.args.String()
 			continue
 		}
-		s.emit("response.function_call_arguments.delta", map[string]any{"item_id": c.item.ID, "output_index": c.outIdx, "delta": tc.Arguments})
+		s.emitDelta(&respArgumentsDelta{Delta: tc.Arguments, ItemID: c.item.ID, OutputIndex: c.outIdx, Type: "response.function_call_arguments.delta"})
 	}
 	return s.err
 }
