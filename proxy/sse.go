@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	// goccy/go-json encodes and decodes like encoding/json, two to three times faster;
 	// the proxy spends most of its time on JSON.
@@ -18,6 +19,10 @@ import (
 type SSEWriter struct {
 	w http.ResponseWriter
 	f http.Flusher
+	// buf holds one event at a time, written to w in one Write; enc encodes into it (as
+	// gojson.Marshal does, with a newline after).
+	buf bytes.Buffer
+	enc *gojson.Encoder
 }
 
 // NewSSE sends the event-stream headers with status 200.
@@ -41,22 +46,44 @@ func (s *SSEWriter) flush() {
 }
 
 // Event writes "event: name" and "data: <json of v>"; an empty name writes data only.
+// A stream writes one event per token or so: the event is built in the writer's own
+// buffer and written whole, without formatting or copies of its JSON.
 func (s *SSEWriter) Event(name string, v any) error {
-	b, err := gojson.Marshal(v)
-	if err != nil {
+	s.head(name)
+	if s.enc == nil {
+		s.enc = gojson.NewEncoder(&s.buf)
+	}
+	if err := s.enc.Encode(v); err != nil { // the JSON, then "\n"
+		s.buf.Reset()
 		return fmt.Errorf("sse event %q: %w", name, err)
 	}
-	return s.Raw(name, string(b))
+	s.buf.WriteByte('\n')
+	return s.write()
 }
 
 // Raw writes an event whose data is given verbatim (e.g. "[DONE]").
 func (s *SSEWriter) Raw(name, data string) error {
-	var err error
+	s.head(name)
+	s.buf.WriteString(data)
+	s.buf.WriteString("\n\n")
+	return s.write()
+}
+
+// head starts an event in buf: "event: name\n" when it has a name, then "data: ".
+func (s *SSEWriter) head(name string) {
+	s.buf.Reset()
 	if name != "" {
-		_, err = fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", name, data)
-	} else {
-		_, err = fmt.Fprintf(s.w, "data: %s\n\n", data)
+		s.buf.WriteString("event: ")
+		s.buf.WriteString(name)
+		s.buf.WriteByte('\n')
 	}
+	s.buf.WriteString("data: ")
+}
+
+// write sends the event in buf and flushes it.
+func (s *SSEWriter) write() error {
+	_, err := s.w.Write(s.buf.Bytes())
+	s.buf.Reset()
 	if err != nil {
 		return fmt.Errorf("sse write: %w", err)
 	}
@@ -80,6 +107,10 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 // caller went away, and the call is recorded as aborted.
 var ErrCallerGone = errors.New("the caller went away")
 
+// sseReaders are ReadSSE's buffers, reused: each stream would otherwise allocate (and
+// clear) 64 KiB, as much as a long request's body, for the garbage collector to reclaim.
+var sseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
 // maxSSELine bounds one line of an upstream stream.
 const maxSSELine = 64 << 20
 
@@ -88,7 +119,12 @@ const maxSSELine = 64 << 20
 // when not nil, is called whenever the bytes read so far are used up, before blocking for
 // more.
 func ReadSSE(r io.Reader, idle func(), onData func([]byte) error) error {
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := sseReaders.Get().(*bufio.Reader)
+	br.Reset(r)
+	defer func() {
+		br.Reset(nil) // holds no reference to the stream while pooled
+		sseReaders.Put(br)
+	}()
 	var data, long []byte
 	have := false
 	for {

@@ -1,8 +1,9 @@
 // Package proxybench measures what the proxy adds to a model call, in every dialect it
 // serves: each request goes both straight to a zero-latency fake vLLM and through floe's
 // proxy in front of it, alternately in one run, and the difference is the proxy's cost.
-// The proxy runs as a child process on one core (GOMAXPROCS=1), serving and recording as
-// floe proxy does, so that its CPU time per request and its memory can be read from
+// The proxy runs as a child process, serving and recording as floe proxy does: with Go's
+// default GOMAXPROCS for the latency phase (as floe proxy runs), and on one core
+// (GOMAXPROCS=1) for the throughput phase, so that its CPU time per request and its memory can be read from
 // outside; LiteLLM's proxy, when given, is measured the same way beside it.
 package proxybench
 
@@ -43,10 +44,14 @@ type Options struct {
 	// unbounded and then bounded by MaxStoredBytes, sampling its RSS each second.
 	Memory         time.Duration
 	MaxStoredBytes int64
-	// CPUProfile, when set, is where floe's proxy writes its CPU profile of the latency
-	// and throughput phases (go tool pprof).
+	// CPUProfile, when set, is where floe's proxy writes its CPU profile of the
+	// throughput phases, on one core (go tool pprof).
 	CPUProfile string
-	Progress   io.Writer
+	// LatencyProcs is the GOMAXPROCS of floe's proxy in the latency phase; 0: Go's
+	// default (the machine's cores), as floe proxy runs. The throughput phase always runs
+	// it on one core.
+	LatencyProcs int
+	Progress     io.Writer
 }
 
 // Latency is one dialect's, size's and mode's figures, in milliseconds.
@@ -196,12 +201,18 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	defer client.CloseIdleConnections()
 	rep := &Report{Options: opt}
 
-	px, err := startFloe(ctx, opt, up.URL, -1, opt.CPUProfile)
+	lat, err := startFloe(ctx, opt, up.URL, -1, "", opt.LatencyProcs)
 	if err != nil {
 		return nil, err
 	}
-	err = measure(ctx, opt, rep, client, "floe", up.URL, px, opt.Dialects, max(opt.Requests, 1))
-	px.stop()
+	thr, err := startFloe(ctx, opt, up.URL, -1, opt.CPUProfile, 1)
+	if err != nil {
+		lat.stop()
+		return nil, err
+	}
+	err = measure(ctx, opt, rep, client, "floe", up.URL, lat, thr, opt.Dialects, max(opt.Requests, 1))
+	lat.stop()
+	thr.stop()
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +222,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			return nil, fmt.Errorf("litellm: %w", err)
 		}
 		rep.LiteLLM = version
-		err = measure(ctx, opt, rep, client, "LiteLLM", up.URL, ll, opt.Dialects, max(opt.LiteLLMRequests, 1))
+		err = measure(ctx, opt, rep, client, "LiteLLM", up.URL, ll, ll, opt.Dialects, max(opt.LiteLLMRequests, 1))
 		ll.stop()
 		if err != nil {
 			return nil, err
@@ -229,9 +240,10 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	return rep, nil
 }
 
-// measure runs the latency and throughput phases of every dialect and size against one
-// proxy. A dialect the proxy cannot serve (its first request fails) is reported as such.
-func measure(ctx context.Context, opt Options, rep *Report, client *http.Client, name, direct string, px *child, dialects []Dialect, n int) error {
+// measure runs the latency phases of every dialect and size against px and the
+// throughput phases against thr (the same proxy, or another process of it). A dialect
+// the proxy cannot serve (its first request fails) is reported as such.
+func measure(ctx context.Context, opt Options, rep *Report, client *http.Client, name, direct string, px, thr *child, dialects []Dialect, n int) error {
 	for _, d := range dialects {
 		for _, size := range opt.Sizes {
 			served := true
@@ -274,7 +286,7 @@ func measure(ctx context.Context, opt Options, rep *Report, client *http.Client,
 				rep.Throughputs = append(rep.Throughputs, t)
 				continue
 			}
-			if err := throughput(ctx, opt, client, px, request{path: d.path(true), body: Body(d, size, true)}, &t); err != nil {
+			if err := throughput(ctx, opt, client, thr, request{path: d.path(true), body: Body(d, size, true)}, &t); err != nil {
 				return err
 			}
 			rep.Throughputs = append(rep.Throughputs, t)
@@ -336,7 +348,7 @@ func throughput(ctx context.Context, opt Options, client *http.Client, px *child
 // memory drives floe's proxy, recording in memory with at most limit stored bytes (0:
 // unbounded), with 64 KiB streaming chat calls for opt.Memory, sampling its RSS each second.
 func memory(ctx context.Context, opt Options, client *http.Client, upURL string, limit int64) (*MemoryRun, error) {
-	px, err := startFloe(ctx, opt, upURL, limit, "")
+	px, err := startFloe(ctx, opt, upURL, limit, "", 1)
 	if err != nil {
 		return nil, err
 	}
@@ -457,9 +469,9 @@ func (c *child) rss() (int64, error) {
 	return 0, fmt.Errorf("no VmRSS in /proc status")
 }
 
-// startFloe starts floe's proxy as a child on one core; limit is its MaxStoredBytes (-1:
-// the default).
-func startFloe(ctx context.Context, opt Options, upURL string, limit int64, profile string) (*child, error) {
+// startFloe starts floe's proxy as a child with GOMAXPROCS procs (0: Go's default);
+// limit is its MaxStoredBytes (-1: the default).
+func startFloe(ctx context.Context, opt Options, upURL string, limit int64, profile string, procs int) (*child, error) {
 	if len(opt.ProxyCommand) == 0 {
 		return nil, fmt.Errorf("no ProxyCommand to start floe's proxy with")
 	}
@@ -468,7 +480,10 @@ func startFloe(ctx context.Context, opt Options, upURL string, limit int64, prof
 	}
 	cfg := mustJSON(ServeConfig{Upstream: upURL, Keys: max(opt.Concurrency, 1), MaxStoredBytes: limit, CPUProfile: profile})
 	cmd := exec.CommandContext(ctx, opt.ProxyCommand[0], opt.ProxyCommand[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1", ServeEnv+"="+string(cfg))
+	cmd.Env = append(os.Environ(), ServeEnv+"="+string(cfg))
+	if procs > 0 {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(procs))
+	}
 	cmd.Stderr = os.Stderr
 	urls := make(chan string, 1)
 	c, err := launch(cmd, func(line string) {

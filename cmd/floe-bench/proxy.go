@@ -19,7 +19,8 @@ const proxyUsage = `usage: floe-bench proxy [flags]
 Measures the proxy's cost in every dialect (OpenAI chat and Responses, Anthropic
 Messages, Gemini), at each request size, streaming and not: added latency (each request
 sent straight to a zero-latency fake vLLM and through the proxy in front of it,
-alternately), concurrent streaming throughput with the proxy on one core, and its CPU
+alternately, the proxy with Go's default GOMAXPROCS), concurrent streaming throughput
+with the proxy on one core (GOMAXPROCS=1), and its CPU
 time per request. With -litellm, LiteLLM's proxy is measured the same way beside it; with
 -memory, the proxy's RSS under load, its stored calls unbounded and then bounded.
 
@@ -42,7 +43,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	llN := fs.Int("litellm-requests", 40, "sequential requests per mode and target for LiteLLM")
 	mem := fs.Duration("memory", 0, "also measure the proxy's RSS under load for this long, before and after the retention limit")
 	maxStored := fs.Int64("max-stored-bytes", 256<<20, "the in-memory store's retention limit (floe proxy's default)")
-	profile := fs.String("cpuprofile", "", "write the proxy's CPU profile of the latency and throughput phases to this file")
+	profile := fs.String("cpuprofile", "", "write the proxy's CPU profile of the throughput phases (on one core) to this file")
+	latProcs := fs.Int("latency-procs", 0, "GOMAXPROCS of floe's proxy in the latency phase; 0: Go's default (every core), as floe proxy runs")
 	out := fs.String("out", "", "also write the report (Markdown) to this file")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
@@ -71,7 +73,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	rep, err := proxybench.Run(ctx, proxybench.Options{Dialects: ds, Sizes: sz, Requests: *n, StreamChunks: *chunks,
 		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, LiteLLM: *litellm, LiteLLMRequests: *llN,
-		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, Progress: stderr})
+		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, LatencyProcs: *latProcs, Progress: stderr})
 	if err != nil {
 		return err
 	}
@@ -83,16 +85,27 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if *litellm != "" {
 			cmd += " -litellm .venv-litellm/bin/litellm"
 		}
-		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. The proxy runs as a child process with GOMAXPROCS=1; the fake upstream and the clients run in the benchmark's process. "+
+		if *latProcs > 0 {
+			cmd += fmt.Sprintf(" -latency-procs %d", *latProcs)
+		}
+		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. floe's proxy runs as a child process: with %s for the latency phase, and with GOMAXPROCS=1 for the throughput phase and its CPU per request; the fake upstream and the clients run in the benchmark's process. "+
 			"Measured on a busy 2-core machine, shared with other jobs that ran during the measurement: compare rows of one run, and read ratios rather than absolute figures.\n\n"+
 			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
 			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+
 			"LiteLLM runs as its own proxy (`litellm --num_workers 1`, the fake upstream as its `hosted_vllm` provider, one Python process); where it cannot serve a dialect, the row says what it answered. "+
 			"The profiles behind the optimisations: [PROFILE.md](PROFILE.md).\n\n%s",
-			cmd, machine(), table)
+			cmd, machine(), latencyProcs(*latProcs), table)
 		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 			return fmt.Errorf("report: %w", err)
 		}
 	}
 	return nil
+}
+
+// latencyProcs says how the latency phase ran the proxy.
+func latencyProcs(n int) string {
+	if n > 0 {
+		return fmt.Sprintf("GOMAXPROCS=%d", n)
+	}
+	return "Go's default GOMAXPROCS (every core, as `floe proxy` runs)"
 }

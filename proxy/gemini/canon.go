@@ -3,6 +3,7 @@ package gemini
 import (
 	"encoding/json"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/floe-rl/floe/proxy/reqjson"
 )
@@ -19,6 +20,11 @@ func canonJSON(raw json.RawMessage) json.RawMessage {
 	if !reqjson.Valid(raw) {
 		return compact(raw)
 	}
+	return canonValid(raw)
+}
+
+// canonValid is canonJSON of valid JSON, in a buffer of its own.
+func canonValid(raw []byte) []byte {
 	out := make([]byte, 0, len(raw))
 	for i := 0; i < len(raw); {
 		c := raw[i]
@@ -35,6 +41,20 @@ func canonJSON(raw json.RawMessage) json.RawMessage {
 		}
 	}
 	return out
+}
+
+// canonString is canonJSON(raw) as a string, without copying the canonical bytes (a
+// function response is most of an agent's request): they are canonJSON's own buffer, and
+// nothing else refers to them.
+func canonString(raw json.RawMessage) string {
+	if !reqjson.Valid(raw) {
+		return string(compact(raw))
+	}
+	out := canonValid(raw)
+	if len(out) == 0 {
+		return ""
+	}
+	return unsafe.String(&out[0], len(out))
 }
 
 // appendCanonString appends the canonical form of the JSON string at the start of s

@@ -106,6 +106,9 @@ func TestCanonJSONMatchesTheDecoderRoundTrip(t *testing.T) {
 		if got, want := canonJSON(json.RawMessage(c)), canonJSONByTokens(json.RawMessage(c)); !bytes.Equal(got, want) {
 			t.Errorf("canonJSON(%q) = %q, want %q", c, got, want)
 		}
+		if got, want := canonString(json.RawMessage(c)), string(canonJSONByTokens(json.RawMessage(c))); got != want {
+			t.Errorf("canonString(%q) = %q, want %q", c, got, want)
+		}
 	}
 }
 

@@ -727,7 +727,7 @@ func userMessages(c wireContent, turn int, pending []pendingCall) []proxy.ChatMe
 			}
 			content := "{}"
 			if isPresent(fr.Response) {
-				content = string(canonJSON(fr.Response))
+				content = canonString(fr.Response)
 			}
 			tools = append(tools, proxy.ChatMessage{Role: "tool", Content: content, ToolCallID: id})
 			for _, fp := range fr.Parts {
@@ -806,7 +806,7 @@ func argsString(args json.RawMessage) string {
 	if !isPresent(args) {
 		return "{}"
 	}
-	return string(canonJSON(args))
+	return canonString(args)
 }
 
 // argsJSON is a Chat arguments string as a Gemini args object: the JSON object

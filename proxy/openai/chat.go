@@ -375,13 +375,42 @@ type chatChunk struct {
 }
 
 type chatChunkChoice struct {
-	Index        int            `json:"index"`
-	Delta        map[string]any `json:"delta"`
-	FinishReason *string        `json:"finish_reason"`
-	Logprobs     any            `json:"logprobs"`
+	Index        int     `json:"index"`
+	Delta        any     `json:"delta"` // a map, or contentDelta / reasoningDelta
+	FinishReason *string `json:"finish_reason"`
+	Logprobs     any     `json:"logprobs"`
 }
 
-func (s *chatStream) chunk(delta map[string]any, finish *string, usage *proxy.Usage) error {
+// contentDelta and reasoningDelta are the deltas of most chunks, encoded from a struct
+// rather than a map (half the cost; the same bytes as map[string]any{"content": …}).
+type contentDelta struct {
+	Content string `json:"content"`
+}
+
+type reasoningDelta struct {
+	ReasoningContent string `json:"reasoning_content"`
+}
+
+// toolCallsDelta is a chunk's tool-call fragments; its fields are in the order of their
+// names, as the map it replaces was encoded: the first fragment of a call carries its id
+// and type, and a name when it has one.
+type toolCallsDelta struct {
+	ToolCalls []toolCallDelta `json:"tool_calls"`
+}
+
+type toolCallDelta struct {
+	Function toolCallFunctionDelta `json:"function"`
+	ID       string                `json:"id,omitempty"`
+	Index    int                   `json:"index"`
+	Type     string                `json:"type,omitempty"`
+}
+
+type toolCallFunctionDelta struct {
+	Arguments string `json:"arguments"`
+	Name      string `json:"name,omitempty"`
+}
+
+func (s *chatStream) chunk(delta any, finish *string, usage *proxy.Usage) error {
 	c := chatChunk{ID: s.id, Object: "chat.completion.chunk", Created: s.created, Model: s.req.Model, Choices: []chatChunkChoice{}, Usage: usage}
 	if delta != nil {
 		c.Choices = append(c.Choices, chatChunkChoice{Delta: delta, FinishReason: finish})
@@ -402,29 +431,25 @@ func (s *chatStream) Delta(d proxy.Delta) error {
 		return err
 	}
 	if d.Reasoning != "" {
-		if err := s.chunk(map[string]any{"reasoning_content": d.Reasoning}, nil, nil); err != nil {
+		if err := s.chunk(reasoningDelta{d.Reasoning}, nil, nil); err != nil {
 			return err
 		}
 	}
 	if d.Content != "" {
-		if err := s.chunk(map[string]any{"content": d.Content}, nil, nil); err != nil {
+		if err := s.chunk(contentDelta{d.Content}, nil, nil); err != nil {
 			return err
 		}
 	}
 	if len(d.ToolCalls) > 0 {
-		var calls []map[string]any
+		calls := make([]toolCallDelta, 0, len(d.ToolCalls))
 		for _, tc := range d.ToolCalls {
-			fn := map[string]any{"arguments": tc.Arguments}
-			call := map[string]any{"index": tc.Index, "function": fn}
+			call := toolCallDelta{Function: toolCallFunctionDelta{Arguments: tc.Arguments, Name: tc.Name}, ID: tc.ID, Index: tc.Index}
 			if tc.ID != "" {
-				call["id"], call["type"] = tc.ID, "function"
-			}
-			if tc.Name != "" {
-				fn["name"] = tc.Name
+				call.Type = "function"
 			}
 			calls = append(calls, call)
 		}
-		return s.chunk(map[string]any{"tool_calls": calls}, nil, nil)
+		return s.chunk(toolCallsDelta{calls}, nil, nil)
 	}
 	return nil
 }

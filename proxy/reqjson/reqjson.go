@@ -55,12 +55,14 @@ type Value struct {
 	// .key, or [index] when index >= 0.
 	parent, key string
 	index       int
+	ix          *index // where the body's values end; nil: found by scanning
 }
 
 // Fields is a JSON object whose fields are read by name.
 type Fields struct {
 	path   string
 	fields []field // in order; a key sent twice counts as its last value, as in encoding/json
+	ix     *index
 }
 
 // Parse checks that body is well-formed JSON holding an object and returns its fields.
@@ -69,7 +71,8 @@ func Parse(body []byte) (Fields, error) {
 	if len(v.raw) == 0 {
 		return Fields{}, v.Errorf("want object, got nothing")
 	}
-	if !valid(body) {
+	ix := newIndex(body)
+	if !valid(body, ix) {
 		var probe any // encoding/json says what is wrong, and where
 		err := json.Unmarshal(body, &probe)
 		return Fields{}, v.Errorf("malformed JSON: %v", err)
@@ -77,6 +80,7 @@ func Parse(body []byte) (Fields, error) {
 	if v.Kind() != Object {
 		return Fields{}, v.Wrong("object")
 	}
+	v.ix = ix
 	f, err := v.Object()
 	if err != nil {
 		return Fields{}, err
@@ -228,11 +232,11 @@ func (v Value) Object() (Fields, error) {
 	case Null:
 		return Fields{path: v.Path()}, nil
 	case Object:
-		fields, err := scanObject(v.raw)
+		fields, err := scanObject(v.raw, v.ix)
 		if err != nil {
 			return Fields{}, v.Errorf("malformed object")
 		}
-		return Fields{path: v.Path(), fields: fields}, nil
+		return Fields{path: v.Path(), fields: fields, ix: v.ix}, nil
 	}
 	return Fields{}, v.Wrong("object")
 }
@@ -243,14 +247,14 @@ func (v Value) Array() ([]Value, error) {
 	case Null:
 		return nil, nil
 	case Array:
-		elems, err := scanArray(v.raw)
+		elems, err := scanArray(v.raw, v.ix)
 		if err != nil {
 			return nil, v.Errorf("malformed array")
 		}
 		out := make([]Value, len(elems))
 		parent := v.Path()
 		for i, raw := range elems {
-			out[i] = Value{raw: raw, parent: parent, index: i}
+			out[i] = Value{raw: raw, parent: parent, index: i, ix: v.ix}
 		}
 		return out, nil
 	}
@@ -276,7 +280,7 @@ func (v Value) Strings() ([]string, error) {
 
 // Get is the field key, named "<path>.key" (just "key" at the top of the body).
 func (f Fields) Get(key string) Value {
-	v := Value{parent: f.path, key: key, index: -1}
+	v := Value{parent: f.path, key: key, index: -1, ix: f.ix}
 	for i := len(f.fields) - 1; i >= 0; i-- {
 		if f.fields[i].key == key {
 			v.raw = f.fields[i].raw

@@ -219,8 +219,15 @@ func FuzzValid(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, want := valid(b), json.Valid(b); got != want {
+		if got, want := valid(b, nil), json.Valid(b); got != want {
 			t.Fatalf("valid(%q) = %v, encoding/json says %v", b, got, want)
+		}
+		ix := newIndex(b)
+		if got, want := valid(b, ix), json.Valid(b); got != want {
+			t.Fatalf("valid(%q) with an index = %v, encoding/json says %v", b, got, want)
+		}
+		if json.Valid(b) {
+			checkIndex(t, b, ix)
 		}
 	})
 }

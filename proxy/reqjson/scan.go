@@ -5,6 +5,7 @@ import (
 	"errors"
 	"unicode/utf16"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // A hand-written scanner finds the extent of each value: decoding an object or an array
@@ -51,10 +52,26 @@ func skipString(b []byte, i int) (int, error) {
 	return 0, errMalformed
 }
 
-// skipValue returns the index after the value starting at b[i].
-func skipValue(b []byte, i int) (int, error) {
+// skipValue returns the index after the value starting at b[i], looked up in ix when it
+// holds it.
+func skipValue(b []byte, i int, ix *index) (int, error) {
 	if i >= len(b) {
 		return 0, errMalformed
+	}
+	switch b[i] {
+	case '"':
+		// A short string (most keys' values) ends within the few bytes the index does
+		// not note; only a longer one is looked up.
+		if end, err := skipString(b[i:min(len(b), i+indexMinString)], 0); err == nil {
+			return i + end, nil
+		}
+		if end, ok := ix.end(b, i); ok {
+			return end, nil
+		}
+	case '{', '[':
+		if end, ok := ix.end(b, i); ok {
+			return end, nil
+		}
 	}
 	switch b[i] {
 	case '"':
@@ -104,9 +121,9 @@ func decodeString(s []byte) (string, error) {
 	for i := 0; i < len(in); {
 		// Copy the run up to the next escape whole when it is valid UTF-8, rune by rune
 		// (invalid bytes becoming U+FFFD) when it is not.
-		if n := plainPrefix(in[i:]); n > 0 {
+		if n, ascii := plainRun(in[i:]); n > 0 {
 			run := in[i : i+n]
-			if utf8.Valid(run) {
+			if ascii || utf8.Valid(run) {
 				out = append(out, run...)
 			} else {
 				for len(run) > 0 {
@@ -170,7 +187,12 @@ func decodeString(s []byte) (string, error) {
 			i += 2
 		}
 	}
-	return string(out), nil
+	if len(out) == 0 {
+		return "", nil
+	}
+	// out is the string's own buffer and nothing else refers to it: no copy (a tool
+	// result's text is most of a request).
+	return unsafe.String(&out[0], len(out)), nil
 }
 
 // hex4 reads the four hex digits at b[i:i+4].
@@ -196,7 +218,7 @@ func hex4(b []byte, i int) (rune, bool) {
 }
 
 // scanObject splits the object b into its fields, in order.
-func scanObject(b []byte) ([]field, error) {
+func scanObject(b []byte, ix *index) ([]field, error) {
 	i := skipSpace(b, 1)
 	out := make([]field, 0, 8)
 	if i < len(b) && b[i] == '}' {
@@ -219,7 +241,7 @@ func scanObject(b []byte) ([]field, error) {
 			return nil, errMalformed
 		}
 		i = skipSpace(b, i+1)
-		vend, err := skipValue(b, i)
+		vend, err := skipValue(b, i, ix)
 		if err != nil {
 			return nil, err
 		}
@@ -240,14 +262,14 @@ func scanObject(b []byte) ([]field, error) {
 }
 
 // scanArray splits the array b into its elements.
-func scanArray(b []byte) ([][]byte, error) {
+func scanArray(b []byte, ix *index) ([][]byte, error) {
 	i := skipSpace(b, 1)
 	var out [][]byte
 	if i < len(b) && b[i] == ']' {
 		return out, nil
 	}
 	for {
-		end, err := skipValue(b, i)
+		end, err := skipValue(b, i, ix)
 		if err != nil {
 			return nil, err
 		}

@@ -52,3 +52,27 @@ func asciiPrefix(b []byte) int {
 	}
 	return i
 }
+
+// plainRun is plainPrefix(b), and whether that run is all ASCII (so valid UTF-8 without
+// another look at it): decodeString needs both, and most runs of source code are short
+// and ASCII.
+func plainRun(b []byte) (n int, ascii bool) {
+	var high uint64
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if hasLess(x, 0x20)|hasZero(x^(ones*'"'))|hasZero(x^(ones*'\\')) != 0 {
+			break
+		}
+		high |= x
+	}
+	var tail byte
+	for ; i < len(b); i++ {
+		c := b[i]
+		if c < 0x20 || c == '"' || c == '\\' {
+			break
+		}
+		tail |= c
+	}
+	return i, high&highs == 0 && tail < 0x80
+}

@@ -56,5 +56,13 @@ func TestPrefixesMatchBytewiseScans(t *testing.T) {
 		if got, want := asciiPrefix(b), naiveASCII(b); got != want {
 			t.Fatalf("asciiPrefix(%q) = %d, want %d", b, got, want)
 		}
+		n, ascii := plainRun(b)
+		wantASCII := true
+		for _, c := range b[:naivePlain(b)] {
+			wantASCII = wantASCII && c < 0x80
+		}
+		if n != naivePlain(b) || ascii != wantASCII {
+			t.Fatalf("plainRun(%q) = %d, %v; want %d, %v", b, n, ascii, naivePlain(b), wantASCII)
+		}
 	}
 }

@@ -113,7 +113,7 @@ func (s *Engine) body(ctx context.Context, req *proxy.ChatRequest) ([]byte, erro
 	r := *req
 	r.Model, r.Stream = model, false
 	b, err := upstream.EncodeRequest(&r, func(r *proxy.ChatRequest) ([]byte, error) {
-		return gojson.Marshal(request{ChatRequest: r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
+		return upstream.Marshal(request{ChatRequest: r, Logprobs: true, ReturnPromptTokenIDs: true, ReturnTokenIDs: true, ReturnMetaInfo: true})
 	})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}

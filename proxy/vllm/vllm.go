@@ -7,6 +7,7 @@ import (
 
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -67,7 +68,7 @@ func (v *Engine) body(ctx context.Context, req *proxy.ChatRequest, stream bool) 
 		if stream {
 			vr.StreamOptions = map[string]any{"include_usage": true}
 		}
-		return gojson.Marshal(vr)
+		return upstream.Marshal(vr)
 	})
 	if err != nil {
 		return nil, &proxy.Error{Status: http.StatusInternalServerError, Kind: proxy.ErrInternal, Message: "encoding the upstream request: " + err.Error()}
@@ -266,6 +267,15 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 		return nil
 	})
 	res.Latency = time.Since(start)
+	if done {
+		// Read on to the body's end (the chunked encoding's last chunk, right after
+		// [DONE]): a body closed before its end takes its connection with it, and every
+		// streamed call would then open a new one to the inference server. A server that
+		// sends nothing more for drainWait loses the connection (the read is cancelled).
+		t := time.AfterFunc(drainWait, cancel)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
+		t.Stop()
+	}
 	finishStream(res, choices)
 	if err != nil && !errors.Is(err, errStopSSE) {
 		if errors.Is(err, proxy.ErrCallerGone) || ctx.Err() != nil {
@@ -326,6 +336,13 @@ func (v *Engine) CountTokens(ctx context.Context, req *proxy.ChatRequest) (int, 
 func (v *Engine) Models(ctx context.Context) ([]string, error) {
 	return upstream.ListModels(ctx, v.client(), v.BaseURL, upstream.MapError)
 }
+
+// drainBytes bounds what is read of an upstream stream after its [DONE], for its
+// connection to be reused; a server sending more than this after it loses the connection.
+const drainBytes = 4 << 10
+
+// drainWait bounds the wait for the end of an upstream stream's body after its [DONE].
+const drainWait = 50 * time.Millisecond
 
 // errStopSSE ends reading the upstream stream at its [DONE].
 var errStopSSE = errors.New("end of stream")

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/proxy"
-	gojson "github.com/goccy/go-json"
 )
 
 // TestConnectTimeout: a connection not made within the call's connect timeout ends the
@@ -101,7 +101,7 @@ func TestEncodeRequestSplicesLargeStrings(t *testing.T) {
 		{Role: "assistant", Content: "", ReasoningContent: big("r"), ToolCalls: []proxy.ChatToolCall{{ID: "c1", Type: "function", Function: proxy.ChatFunctionCall{Name: "f", Arguments: big(`{"x":1}`)}}}},
 		{Role: "user", Content: "floe-splice-" + nonce + "-0"}, // even a caller who knew the nonce only confuses its own text
 	}}
-	enc := func(r *proxy.ChatRequest) ([]byte, error) { return gojson.Marshal(r) }
+	enc := func(r *proxy.ChatRequest) ([]byte, error) { return Marshal(r) }
 	got, err := EncodeRequest(r, enc)
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +117,9 @@ func TestEncodeRequestSplicesLargeStrings(t *testing.T) {
 	_ = json.Unmarshal(want, &w)
 	if !reflect.DeepEqual(g, w) {
 		t.Error("spliced body differs from the encoder's")
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("spliced body is not byte for byte the encoder's")
 	}
 	if r.Messages[1].Content != special {
 		t.Error("EncodeRequest changed the caller's request")
