@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -22,7 +23,8 @@ const ArchiveDirName = "archive"
 // ArchiveStore is what archiving needs of the store (*bolt.Store).
 type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
-	CommittedStep(n int64) (bolt.StepContents, error)
+	CommittedStepHead(n int64) (bolt.StepContents, error)
+	StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
 	ForgetStep(n int64) error
 	Groups() ([]trace.GroupState, error)
 	DroppedGroup(id string) (trace.Group, string, map[string]bolt.SessionTimes, error)
@@ -45,6 +47,9 @@ type Archiver struct {
 	Compact    bolt.CompactPolicy
 	Mem        memory.Allocator
 	Log        *slog.Logger
+	// Write bounds the memory one step's calls take while they are written (zero: the
+	// production setting).
+	Write archive.WriteOptions
 
 	kick chan struct{}
 	// at, set by crash tests, is called at each stage of archiving a step.
@@ -95,12 +100,13 @@ func (a *Archiver) ArchiveCommitted() ([]int64, error) {
 	}
 	var done []int64
 	for _, n := range steps {
-		if err := a.archiveStep(n); err != nil {
+		if err := safely(fmt.Sprintf("archiving step %d", n), func() error { return a.archiveStep(n) }); err != nil {
 			return done, err
 		}
 		done = append(done, n)
 	}
-	dropped, err := a.archiveDropped()
+	var dropped int
+	err = safely("archiving dropped groups", func() (err error) { dropped, err = a.archiveDropped(); return err })
 	if err != nil {
 		return done, err
 	}
@@ -125,40 +131,66 @@ func (a *Archiver) stage(s string) {
 	}
 }
 
-// archiveStep writes step n to the archive and then forgets it in the store.
+// safely runs archiving work fn, turning a panic in it into an error: a step that
+// cannot be archived must cost floe that step's archiving (it stays in the store, and
+// is tried again), never the process, which would die again on the same step at every
+// restart.
+func safely(what string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: panic: %v\n%s", what, r, debug.Stack())
+		}
+	}()
+	return fn()
+}
+
+// archiveStep writes step n to the archive, reading and writing its groups one at a
+// time, and then forgets it in the store.
 func (a *Archiver) archiveStep(n int64) error {
 	began := time.Now()
-	sc, err := a.Store.CommittedStep(n)
+	sc, err := a.Store.CommittedStepHead(n)
 	if err != nil {
 		return fmt.Errorf("archiving step %d: %w", n, err)
 	}
-	st := &archive.Step{Record: sc.Record, Committed: sc.CommittedAt, Groups: sc.Groups,
-		Sessions: make(map[string]archive.SessionInfo, len(sc.Times))}
 	calls := 0
-	for gi := range sc.Groups {
-		adv := a.advantages(sc.Groups[gi])
-		// The archive says which calls the step trained on: those of a failed or timed-out
-		// session, or sampled by a policy older than the step's cut-off, were not, although
-		// the store recorded them trainable. usable marks them as the step former did; it
-		// keeps every session (no -drop-failed here), since all of them are archived.
-		sc.Groups[gi], _ = Config{}.usable(sc.Groups[gi], sc.Record.MinPolicyVersion)
-		for _, s := range sc.Groups[gi].Sessions {
-			info := archive.SessionInfo{Created: sc.Times[s.ID].Created, Finished: sc.Times[s.ID].Finished}
-			if v, ok := adv[s.ID]; ok {
-				info.Advantage = &v
+	groups := func(yield func(*trace.Group, map[string]archive.SessionInfo) error) error {
+		for _, gid := range sc.Record.Groups {
+			g, times, err := a.Store.StepGroup(gid)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", n, err)
 			}
-			st.Sessions[s.ID] = info
-			calls += len(s.Calls)
+			adv := a.advantages(g)
+			// The archive says which calls the step trained on: those of a failed or
+			// timed-out session, or sampled by a policy older than the step's cut-off,
+			// were not, although the store recorded them trainable. usable marks them as
+			// the step former did; it keeps every session (no -drop-failed here), since all
+			// of them are archived.
+			g, _ = Config{}.usable(g, sc.Record.MinPolicyVersion)
+			info := make(map[string]archive.SessionInfo, len(g.Sessions))
+			for _, s := range g.Sessions {
+				si := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
+				if v, ok := adv[s.ID]; ok {
+					si.Advantage = &v
+				}
+				info[s.ID] = si
+				calls += len(s.Calls)
+			}
+			if err := yield(&g, info); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	if err := archive.WriteStep(a.Dir, st, a.Mem, func(s archive.Stage) { a.stage(string(s)) }); err != nil {
+	opt := a.Write
+	opt.At = func(s archive.Stage) { a.stage(string(s)) }
+	if err := archive.WriteStepGroups(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, groups, a.Mem, opt); err != nil {
 		return err
 	}
 	if err := a.Store.ForgetStep(n); err != nil {
 		return fmt.Errorf("archived step %d, removing it from the store: %w", n, err)
 	}
 	a.stage("forgotten")
-	a.Log.Info("step archived", "step", n, "groups", len(sc.Groups), "calls", calls, "dir", a.Dir,
+	a.Log.Info("step archived", "step", n, "groups", len(sc.Record.Groups), "calls", calls, "dir", a.Dir,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
@@ -183,7 +215,7 @@ func (a *Archiver) archiveDropped() (int, error) {
 		for sid, t := range times {
 			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
 		}
-		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, func(s archive.Stage) { a.stage("dropped-" + string(s)) }); err != nil {
+		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, a.dropOpts()); err != nil {
 			return n, err
 		}
 		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
@@ -194,6 +226,12 @@ func (a *Archiver) archiveDropped() (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+func (a *Archiver) dropOpts() archive.WriteOptions {
+	opt := a.Write
+	opt.At = func(s archive.Stage) { a.stage("dropped-" + string(s)) }
+	return opt
 }
 
 // advantages are group g's sessions' advantages as the step former's examination

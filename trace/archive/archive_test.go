@@ -225,7 +225,7 @@ func TestWriteDroppedGroup(t *testing.T) {
 	g := st.Groups[1]
 	g.ID = "weird/id with spaces"
 	for range 2 {
-		if err := WriteDroppedGroup(root, &g, "1 usable session, fewer than 2", nil, mem, nil); err != nil {
+		if err := WriteDroppedGroup(root, &g, "1 usable session, fewer than 2", nil, mem, WriteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

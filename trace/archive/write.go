@@ -54,32 +54,70 @@ func DroppedDir(root, table, id string) string {
 	return filepath.Join(root, table, "dropped-"+hex.EncodeToString(h[:8]))
 }
 
+// WriteOptions bound what writing a step or a dropped group holds in memory, and mark
+// its stages for crash tests. The zero value is the production setting.
+type WriteOptions struct {
+	// BatchBytes and BatchRows: the calls gathered are written out as one row group once
+	// they hold this many bytes of JSON and token ids, or this many rows (defaults 64 MiB
+	// and 16,384), so a step of any size streams through a bounded buffer.
+	BatchBytes int64
+	BatchRows  int
+	// At, when set, is called after each file.
+	At func(Stage)
+}
+
+func (o WriteOptions) withDefaults() WriteOptions {
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = batchBytes
+	}
+	if o.BatchRows <= 0 {
+		o.BatchRows = batchRows
+	}
+	if o.At == nil {
+		o.At = func(Stage) {}
+	}
+	return o
+}
+
+// GroupSource hands a step's groups to yield one at a time, in the step's order, each
+// with its sessions' facts; the writer keeps nothing of a group's calls after yield
+// returns, so a source that reads each group from the store when asked keeps one group
+// in memory at a time.
+type GroupSource func(yield func(g *trace.Group, sessions map[string]SessionInfo) error) error
+
+// StepHead is a step's record, without its groups' data.
+type StepHead struct {
+	Record    trace.StepRecord
+	Committed time.Time
+}
+
 // WriteDroppedGroup writes group g, dropped before any step for reason, as WriteStep
 // writes a step: its calls then its sessions, atomically, with a null step and the
 // reason on each session.
-func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, at func(Stage)) error {
-	if at == nil {
-		at = func(Stage) {}
-	}
-	calls := NewCallsBuilder(mem)
-	defer calls.Release()
+func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, opt WriteOptions) error {
+	opt = opt.withDefaults()
 	sess := newSessionsBuilder(mem)
 	defer sess.release()
-	for si := range g.Sessions {
-		s := &g.Sessions[si]
-		for ci := range s.Calls {
-			calls.Append(nil, g.ID, s.TaskID, &s.Calls[ci])
+	err := writeCallsFile(filepath.Join(DroppedDir(root, CallsTable, g.ID), PartFile), mem, opt, func(add AddCall) error {
+		for si := range g.Sessions {
+			s := &g.Sessions[si]
+			for ci := range s.Calls {
+				if err := add(nil, g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+					return err
+				}
+			}
+			sess.append(nil, g.ID, s, sessions[s.ID], reason)
 		}
-		sess.append(nil, g.ID, s, sessions[s.ID], reason)
-	}
-	if err := writeRecord(DroppedDir(root, CallsTable, g.ID), calls.b, mem); err != nil {
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("archive dropped group %s calls: %w", g.ID, err)
 	}
-	at(StageCalls)
+	opt.At(StageCalls)
 	if err := writeRecord(DroppedDir(root, SessionsTable, g.ID), sess.b, mem); err != nil {
 		return fmt.Errorf("archive dropped group %s sessions: %w", g.ID, err)
 	}
-	at(StageSessions)
+	opt.At(StageSessions)
 	return nil
 }
 
@@ -92,49 +130,62 @@ const (
 	StageSteps    Stage = "steps-written"
 )
 
-// WriteStep writes step st's three partition files under root: its calls, its sessions,
-// then its step row (last, so a step row means its other files are complete). Each file
-// is written to a hidden temporary name, fsynced and renamed over the final name, and
-// its directory fsynced: after a crash a file is whole or absent, and writing a step
-// again replaces its files rather than adding rows. at, when set, is called after each
-// file.
+// WriteStep writes step st, held in memory, as WriteStepGroups does.
 func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) error {
-	if at == nil {
-		at = func(Stage) {}
-	}
-	n := st.Record.N
-	calls := NewCallsBuilder(mem)
-	defer calls.Release()
+	return WriteStepGroups(root, StepHead{Record: st.Record, Committed: st.Committed}, func(yield func(*trace.Group, map[string]SessionInfo) error) error {
+		for gi := range st.Groups {
+			if err := yield(&st.Groups[gi], st.Sessions); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, mem, WriteOptions{At: at})
+}
+
+// WriteStepGroups writes step head's three partition files under root: its calls, its
+// sessions, then its step row (last, so a step row means its other files are complete).
+// The calls stream from groups into one file, a row group whenever opt's bounds are
+// reached: a step's size never decides what is held in memory. Each file is written to
+// a hidden temporary name, fsynced and renamed over the final name, and its directory
+// fsynced: after a crash a file is whole or absent, and writing a step again replaces
+// its files rather than adding rows.
+func WriteStepGroups(root string, head StepHead, groups GroupSource, mem memory.Allocator, opt WriteOptions) error {
+	opt = opt.withDefaults()
+	n := head.Record.N
 	sess := newSessionsBuilder(mem)
 	defer sess.release()
 	nSessions, nCalls := 0, 0
-	for gi := range st.Groups {
-		g := &st.Groups[gi]
-		for si := range g.Sessions {
-			s := &g.Sessions[si]
-			nSessions++
-			for ci := range s.Calls {
-				calls.Append(&n, g.ID, s.TaskID, &s.Calls[ci])
-				nCalls++
+	err := writeCallsFile(filepath.Join(PartitionDir(root, CallsTable, n), PartFile), mem, opt, func(add AddCall) error {
+		return groups(func(g *trace.Group, info map[string]SessionInfo) error {
+			for si := range g.Sessions {
+				s := &g.Sessions[si]
+				nSessions++
+				for ci := range s.Calls {
+					if err := add(&n, g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+						return err
+					}
+					nCalls++
+				}
+				sess.append(&n, g.ID, s, info[s.ID], "")
 			}
-			sess.append(&n, g.ID, s, st.Sessions[s.ID], "")
-		}
-	}
-	if err := writeRecord(PartitionDir(root, CallsTable, n), calls.b, mem); err != nil {
+			return nil
+		})
+	})
+	if err != nil {
 		return fmt.Errorf("archive step %d calls: %w", n, err)
 	}
-	at(StageCalls)
+	opt.At(StageCalls)
 	if err := writeRecord(PartitionDir(root, SessionsTable, n), sess.b, mem); err != nil {
 		return fmt.Errorf("archive step %d sessions: %w", n, err)
 	}
-	at(StageSessions)
+	opt.At(StageSessions)
 	steps := array.NewRecordBuilder(mem, StepsSchema)
 	defer steps.Release()
-	appendStep(steps, st, nSessions, nCalls)
+	appendStep(steps, head, nSessions, nCalls)
 	if err := writeRecord(PartitionDir(root, StepsTable, n), steps, mem); err != nil {
 		return fmt.Errorf("archive step %d: %w", n, err)
 	}
-	at(StageSteps)
+	opt.At(StageSteps)
 	return nil
 }
 
@@ -294,9 +345,9 @@ func (cb *CallsBuilder) Append(step *int64, groupID, taskID string, c *trace.Cal
 	f[17].(*array.StringBuilder).Append(c.FinishReason)
 	f[18].(*array.BooleanBuilder).Append(c.Trainable)
 	appendString(f[19], c.UntrainableReason)
-	appendString(f[20], string(c.Request))
-	appendString(f[21], string(c.UpstreamRequest))
-	appendString(f[22], string(c.Response))
+	appendLargeString(f[20], c.Request)
+	appendLargeString(f[21], c.UpstreamRequest)
+	appendLargeString(f[22], c.Response)
 	cb.rows++
 	cb.size += int64(len(c.Request)+len(c.UpstreamRequest)+len(c.Response)) + 4*int64(len(c.PromptIDs)+2*len(c.ResponseIDs))
 }
@@ -324,6 +375,15 @@ func appendString(b array.Builder, s string) {
 		return
 	}
 	b.(*array.StringBuilder).Append(s)
+}
+
+// appendLargeString appends JSON j, or null when there is none.
+func appendLargeString(b array.Builder, j []byte) {
+	if len(j) == 0 {
+		b.AppendNull()
+		return
+	}
+	b.(*array.LargeStringBuilder).Append(string(j))
 }
 
 func appendInt32s(lb *array.ListBuilder, v []int32) {
@@ -358,7 +418,7 @@ func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session,
 	appendString(f[10], dropReason)
 }
 
-func appendStep(b *array.RecordBuilder, st *Step, sessions, calls int) {
+func appendStep(b *array.RecordBuilder, st StepHead, sessions, calls int) {
 	f := b.Fields()
 	f[0].(*array.Int64Builder).Append(st.Record.N)
 	gl := f[1].(*array.ListBuilder)

@@ -82,6 +82,39 @@ func (s *Store) CommittedStep(n int64) (StepContents, error) {
 	return out, err
 }
 
+// CommittedStepHead reads committed step n's record, without its groups' data: the
+// archiver then reads the groups one at a time (StepGroup), so a step of any size is
+// never in memory whole. Errors as CommittedStep's.
+func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
+	var out StepContents
+	err := s.view(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return err
+		}
+		if !sv.Committed || sv.Archived {
+			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
+		}
+		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
+			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt}
+		return nil
+	})
+	return out, err
+}
+
+// StepGroup reads group gid with its sessions (in creation order), their calls and
+// times, in one read transaction.
+func (s *Store) StepGroup(gid string) (trace.Group, map[string]SessionTimes, error) {
+	var g trace.Group
+	times := map[string]SessionTimes{}
+	err := s.view(func(tx *bolt.Tx) error {
+		var err error
+		g, err = readGroupWithTimes(tx, gid, times)
+		return err
+	})
+	return g, times, err
+}
+
 // readGroupWithTimes reads group gid with its sessions and their calls, adding the
 // sessions' times to times.
 func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) (trace.Group, error) {
