@@ -27,7 +27,7 @@ type ArchiveStore interface {
 	StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
 	ForgetStep(n int64) error
 	Groups() ([]trace.GroupState, error)
-	DroppedGroup(id string) (trace.Group, string, map[string]bolt.SessionTimes, error)
+	DroppedGroup(id string) (bolt.Dropped, error)
 	ForgetDroppedGroup(id string) error
 	CompactIfWorth(p bolt.CompactPolicy) (bolt.Compaction, error)
 }
@@ -207,22 +207,22 @@ func (a *Archiver) archiveDropped() (int, error) {
 		if !gs.Dropped || gs.Step >= 0 {
 			continue
 		}
-		g, reason, times, err := a.Store.DroppedGroup(gs.ID)
+		d, err := a.Store.DroppedGroup(gs.ID)
 		if err != nil {
 			return n, fmt.Errorf("archiving dropped group %s: %w", gs.ID, err)
 		}
-		info := make(map[string]archive.SessionInfo, len(times))
-		for sid, t := range times {
+		info := make(map[string]archive.SessionInfo, len(d.Times))
+		for sid, t := range d.Times {
 			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
 		}
-		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, a.dropOpts()); err != nil {
+		if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(gs.ID, d.Seq), &d.Group, d.Reason, info, a.Mem, a.dropOpts()); err != nil {
 			return n, err
 		}
 		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
 			return n, fmt.Errorf("archived dropped group %s, removing it from the store: %w", gs.ID, err)
 		}
 		a.stage("dropped-forgotten")
-		a.Log.Info("dropped group archived", "group", gs.ID, "reason", reason, "dir", a.Dir)
+		a.Log.Info("dropped group archived", "group", gs.ID, "reason", d.Reason, "dir", a.Dir)
 		n++
 	}
 	return n, nil

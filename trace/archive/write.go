@@ -47,11 +47,14 @@ func PartitionDir(root, table string, n int64) string {
 	return filepath.Join(root, table, fmt.Sprintf("step-%06d", n))
 }
 
-// DroppedDir is the directory of dropped group id's partition of table under root: named
-// by a hash of the id, which may hold any character.
-func DroppedDir(root, table, id string) string {
+// DroppedDir names the partition directory (under each table) of dropped group id, the
+// seq-th group the store dropped: a hash of the id, which may hold any character, and
+// the store's number for the drop, so that a second group of a reused id (one dropped by
+// a floe before ids were kept from reuse) never replaces the first's files, while the
+// same group archived again after a crash replaces its own.
+func DroppedDir(id string, seq uint64) string {
 	h := sha256.Sum256([]byte(id))
-	return filepath.Join(root, table, "dropped-"+hex.EncodeToString(h[:8]))
+	return fmt.Sprintf("dropped-%s-%06d", hex.EncodeToString(h[:8]), seq)
 }
 
 // WriteOptions bound what writing a step or a dropped group holds in memory, and mark
@@ -93,12 +96,12 @@ type StepHead struct {
 
 // WriteDroppedGroup writes group g, dropped before any step for reason, as WriteStep
 // writes a step: its calls then its sessions, atomically, with a null step and the
-// reason on each session.
-func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, opt WriteOptions) error {
+// reason on each session, in partitions named dir (DroppedDir).
+func WriteDroppedGroup(root, dir string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, opt WriteOptions) error {
 	opt = opt.withDefaults()
 	sess := newSessionsBuilder(mem)
 	defer sess.release()
-	err := writeCallsFile(filepath.Join(DroppedDir(root, CallsTable, g.ID), PartFile), mem, opt, func(add AddCall) error {
+	err := writeCallsFile(filepath.Join(root, CallsTable, dir, PartFile), mem, opt, func(add AddCall) error {
 		for si := range g.Sessions {
 			s := &g.Sessions[si]
 			for ci := range s.Calls {
@@ -114,7 +117,7 @@ func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[
 		return fmt.Errorf("archive dropped group %s calls: %w", g.ID, err)
 	}
 	opt.At(StageCalls)
-	if err := writeRecord(DroppedDir(root, SessionsTable, g.ID), sess.b, mem); err != nil {
+	if err := writeRecord(filepath.Join(root, SessionsTable, dir), sess.b, mem); err != nil {
 		return fmt.Errorf("archive dropped group %s sessions: %w", g.ID, err)
 	}
 	opt.At(StageSessions)

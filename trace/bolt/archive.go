@@ -1,6 +1,7 @@
 package bolt
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -142,12 +143,20 @@ func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) 
 	return g, nil
 }
 
+// Dropped is a group dropped before any step, with everything the archive keeps of it.
+type Dropped struct {
+	Group  trace.Group
+	Reason string
+	// Seq numbers it among the groups the store dropped (0: dropped by a floe that did
+	// not number them).
+	Seq   uint64
+	Times map[string]SessionTimes // by session id
+}
+
 // DroppedGroup reads dropped group id with its sessions, their calls and times, and the
 // reason it was dropped. An error for a group not dropped.
-func (s *Store) DroppedGroup(id string) (trace.Group, string, map[string]SessionTimes, error) {
-	var g trace.Group
-	var reason string
-	times := map[string]SessionTimes{}
+func (s *Store) DroppedGroup(id string) (Dropped, error) {
+	d := Dropped{Times: map[string]SessionTimes{}}
 	err := s.view(func(tx *bolt.Tx) error {
 		_, gi, err := groupBucket(tx, id)
 		if err != nil {
@@ -156,11 +165,39 @@ func (s *Store) DroppedGroup(id string) (trace.Group, string, map[string]Session
 		if !gi.Dropped || gi.Step >= 0 {
 			return fmt.Errorf("group %q is not dropped", id)
 		}
-		reason = gi.DropReason
-		g, err = readGroupWithTimes(tx, id, times)
+		d.Reason, d.Seq = gi.DropReason, gi.DropSeq
+		d.Group, err = readGroupWithTimes(tx, id, d.Times)
 		return err
 	})
-	return g, reason, times, err
+	return d, err
+}
+
+// Tombstones: a group or session id forgotten once archived is kept as the kind and
+// 16 bytes of its SHA-256 (tombKeyBytes, whatever the id's length), so that creating a
+// session with that id, or in that group, is refused as a closed group is: a reused
+// group id would train again, and its archive rows would mix two groups.
+const (
+	tombGroup   byte = 'g'
+	tombSession byte = 's'
+	// tombKeyBytes is a tombstone's key; its value is one byte, and bbolt adds 16 bytes
+	// of leaf header: 34 bytes a forgotten id.
+	tombKeyBytes = 1 + 16
+)
+
+func tombKey(kind byte, id string) []byte {
+	h := sha256.Sum256([]byte(id))
+	return append([]byte{kind}, h[:tombKeyBytes-1]...)
+}
+
+// forgotten says whether id of kind was forgotten (a store opened read-only from before
+// tombstones has none).
+func forgotten(tx *bolt.Tx, kind byte, id string) bool {
+	b := tx.Bucket(bForgotten)
+	return b != nil && b.Get(tombKey(kind, id)) != nil
+}
+
+func bury(tx *bolt.Tx, kind byte, id string) error {
+	return tx.Bucket(bForgotten).Put(tombKey(kind, id), []byte{1})
 }
 
 func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
@@ -273,6 +310,9 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 		if err := groups.DeleteBucket([]byte(gid)); err != nil {
 			return removed, err
 		}
+		if err := bury(tx, tombGroup, gid); err != nil {
+			return removed, err
+		}
 	}
 	ids := map[string]bool{}
 	for _, sid := range (*gone)[first:] {
@@ -296,6 +336,9 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 			return removed, err
 		}
 		if err := sessions.DeleteBucket([]byte(sid)); err != nil {
+			return removed, err
+		}
+		if err := bury(tx, tombSession, sid); err != nil {
 			return removed, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -236,16 +237,16 @@ func TestForgetDroppedGroup(t *testing.T) {
 	if err := s.ForgetDroppedGroup("gd"); err == nil {
 		t.Fatal("forgot a group not dropped")
 	}
-	if _, _, _, err := s.DroppedGroup("gd"); err == nil {
+	if _, err := s.DroppedGroup("gd"); err == nil {
 		t.Fatal("read a group not dropped as dropped")
 	}
 	if err := s.DropGroup("gd", "too few usable sessions"); err != nil {
 		t.Fatal(err)
 	}
-	g, reason, times, err := s.DroppedGroup("gd")
-	if err != nil || reason != "too few usable sessions" || len(g.Sessions) != 2 || len(g.Sessions[0].Calls) != 2 ||
-		times["gd-s1"].Finished.IsZero() {
-		t.Fatalf("dropped group %+v %q %v", g, reason, err)
+	d, err := s.DroppedGroup("gd")
+	if err != nil || d.Reason != "too few usable sessions" || len(d.Group.Sessions) != 2 || len(d.Group.Sessions[0].Calls) != 2 ||
+		d.Times["gd-s1"].Finished.IsZero() || d.Seq == 0 {
+		t.Fatalf("dropped group %+v %v", d, err)
 	}
 	for range 2 {
 		if err := s.ForgetDroppedGroup("gd"); err != nil {
@@ -265,5 +266,71 @@ func TestForgetDroppedGroup(t *testing.T) {
 	}
 	if u, err := s.Usage(); err != nil || u.Sessions != 2 || u.ArchivedSessions != 2 || u.ArchivedCalls != 4 || u.ArchivedSteps != 0 {
 		t.Fatalf("usage %+v %v", u, err)
+	}
+}
+
+// TestForgottenIDsStayTaken: once a step's or a dropped group's data leaves the store,
+// its group and session ids cannot be created again (a reused group would train again,
+// and the archive would hold two groups of one id), also after a restart; the refusal is
+// a closed group's (the control API answers it 409). Each group dropped gets its own
+// number, kept when it is dropped again.
+func TestForgottenIDsStayTaken(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(3, 4))
+	fillGroup(t, s, "g0", 2, 1, rng)
+	fillGroup(t, s, "gd", 2, 1, rng)
+	fillGroup(t, s, "gd2", 2, 1, rng)
+	if err := s.SaveStep(0, []string{"g0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{"gd", "gd2", "gd"} {
+		if err := s.DropGroup(g, "too few"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d1, err1 := s.DroppedGroup("gd")
+	d2, err2 := s.DroppedGroup("gd2")
+	if err1 != nil || err2 != nil || d1.Seq == 0 || d2.Seq == 0 || d1.Seq == d2.Seq {
+		t.Fatalf("drop numbers %d and %d (%v %v): want distinct, non-zero", d1.Seq, d2.Seq, err1, err2)
+	}
+	if err := s.ForgetStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetDroppedGroup("gd"); err != nil {
+		t.Fatal(err)
+	}
+	for _, restart := range []bool{false, true} {
+		if restart {
+			s = reopen(t, s, dir)
+		}
+		tests := []struct {
+			name string
+			sess trace.Session
+			want string // in the error; "" for success
+		}{
+			{"trained group", trace.Session{ID: "new-a", TaskID: "task-g0", GroupID: "g0"}, `group "g0" is closed`},
+			{"dropped group", trace.Session{ID: "new-b", TaskID: "task-gd", GroupID: "gd"}, `group "gd" is closed`},
+			{"trained session", trace.Session{ID: "g0-s1", TaskID: "task-x", GroupID: "x"}, "session already exists"},
+			{"dropped session, no group", trace.Session{ID: "gd-s0"}, "session already exists"},
+			{"dropped group not yet archived", trace.Session{ID: "new-c", TaskID: "task-gd2", GroupID: "gd2"}, `group "gd2" is closed`},
+		}
+		for _, tt := range tests {
+			err := s.CreateSession(tt.sess, "", 0)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("restart %v: %s: create %+v: %v, want an error with %q", restart, tt.name, tt.sess, err, tt.want)
+			}
+		}
+		if errors.Is(s.CreateSession(trace.Session{ID: "g0-s1"}, "", 0), ErrSessionExists) != true {
+			t.Errorf("a forgotten session id is not ErrSessionExists")
+		}
+		fresh := fmt.Sprintf("fresh-%v", restart)
+		if err := s.CreateSession(trace.Session{ID: fresh, TaskID: "t", GroupID: "g-" + fresh}, "", 0); err != nil {
+			t.Errorf("a new id: %v", err)
+		}
 	}
 }
