@@ -25,6 +25,8 @@ type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
 	CommittedStepHead(n int64) (bolt.StepContents, error)
 	StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
+	MarkStepFilesWritten(n int64) error
+	ForgetStepGroup(n int64, gid string) error
 	ForgetStep(n int64) error
 	Groups() ([]trace.GroupState, error)
 	DroppedGroup(id string) (bolt.Dropped, error)
@@ -52,6 +54,9 @@ type Archiver struct {
 	Write archive.WriteOptions
 
 	kick chan struct{}
+	// live is the store's live bytes at the latest passes: compaction is measured against
+	// their largest (hysteresis).
+	live liveWindow
 	// at, set by crash tests, is called at each stage of archiving a step.
 	at func(stage string)
 }
@@ -113,10 +118,13 @@ func (a *Archiver) ArchiveCommitted() ([]int64, error) {
 	if len(done) == 0 && dropped == 0 {
 		return done, nil
 	}
-	c, err := a.Store.CompactIfWorth(a.Compact)
+	p := a.Compact
+	p.LiveFloor = max(p.LiveFloor, a.live.max())
+	c, err := a.Store.CompactIfWorth(p)
 	if err != nil {
 		return done, err
 	}
+	a.live.add(c.LiveBytes)
 	if c.Compacted {
 		a.Log.Info("store compacted", "before_bytes", c.BeforeBytes, "after_bytes", c.AfterBytes, "live_bytes", c.LiveBytes,
 			"took", c.Took.Round(time.Millisecond))
@@ -181,10 +189,25 @@ func (a *Archiver) archiveStep(n int64) error {
 		}
 		return nil
 	}
-	opt := a.Write
-	opt.At = func(s archive.Stage) { a.stage(string(s)) }
-	if err := archive.WriteStepGroups(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, groups, a.Mem, opt); err != nil {
-		return err
+	// A step marked files-written has complete files, and may have lost some groups to a
+	// crash while it was being forgotten: it is not written again, only forgotten.
+	if !sc.FilesWritten {
+		opt := a.Write
+		opt.At = func(s archive.Stage) { a.stage(string(s)) }
+		if err := archive.WriteStepGroups(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, groups, a.Mem, opt); err != nil {
+			return err
+		}
+		if err := a.Store.MarkStepFilesWritten(n); err != nil {
+			return fmt.Errorf("archived step %d, marking it so: %w", n, err)
+		}
+		a.stage("files-marked")
+	}
+	// One write per group, so the proxy's writes never wait behind a whole step.
+	for _, gid := range sc.Record.Groups {
+		if err := a.Store.ForgetStepGroup(n, gid); err != nil {
+			return fmt.Errorf("archived step %d, removing group %s from the store: %w", n, gid, err)
+		}
+		a.stage("group-forgotten")
 	}
 	if err := a.Store.ForgetStep(n); err != nil {
 		return fmt.Errorf("archived step %d, removing it from the store: %w", n, err)
@@ -269,4 +292,27 @@ func cloneCalls(g trace.Group) trace.Group {
 		g.Sessions[i].Calls = slices.Clone(g.Sessions[i].Calls)
 	}
 	return g
+}
+
+// liveWindowLen is how many archiving passes the compaction's hysteresis remembers.
+const liveWindowLen = 16
+
+// liveWindow holds the latest live sizes of the store, up to liveWindowLen.
+type liveWindow struct {
+	vals [liveWindowLen]int64
+	n    int // values added, ever
+}
+
+func (w *liveWindow) add(v int64) {
+	w.vals[w.n%liveWindowLen] = v
+	w.n++
+}
+
+// max is the largest live size remembered (0 for none).
+func (w *liveWindow) max() int64 {
+	var m int64
+	for _, v := range w.vals[:min(w.n, liveWindowLen)] {
+		m = max(m, v)
+	}
+	return m
 }

@@ -63,13 +63,15 @@ func archiveCrashChild(dir, stage string, nth int) {
 }
 
 // TestArchiveCrash kills an archiving process with SIGKILL at each stage of archiving a
-// step (after its calls file, its sessions file, its step file, after the store forgot
-// it, after compaction), restarts, and checks that the archive then holds every call
+// step (after its calls file, its sessions file, its step file, after the store marked
+// its files written, after it forgot its group, after it forgot the step, after
+// compaction), restarts, and checks that the archive then holds every call
 // exactly once, the store none, the archived keys are refused, and the committed steps
 // stay committed.
 func TestArchiveCrash(t *testing.T) {
 	const steps = 3
-	for _, stage := range []string{string(archive.StageCalls), string(archive.StageSessions), string(archive.StageSteps), "forgotten", "compacted"} {
+	for _, stage := range []string{string(archive.StageCalls), string(archive.StageSessions), string(archive.StageSteps), "files-marked",
+		"group-forgotten", "forgotten", "compacted"} {
 		t.Run(stage, func(t *testing.T) {
 			dir := t.TempDir()
 			s, err := bolt.New(dir, bolt.Options{})

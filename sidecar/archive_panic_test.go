@@ -85,3 +85,30 @@ func TestArchivePanicIsAnError(t *testing.T) {
 		t.Fatalf("archivable steps %v (%v), want step 0 still in the store", steps, err)
 	}
 }
+
+// TestLiveWindow: compaction is measured against the largest live size of the latest
+// liveWindowLen passes, so one pass with little in flight does not trigger it.
+func TestLiveWindow(t *testing.T) {
+	tests := []struct {
+		name string
+		adds []int64
+		want int64
+	}{
+		{"none", nil, 0},
+		{"one", []int64{5}, 5},
+		{"peak kept", []int64{100, 3, 4}, 100},
+		{"peak forgotten after the window", append([]int64{100}, slices.Repeat([]int64{7}, liveWindowLen)...), 7},
+		{"peak at the window's edge", append([]int64{100}, slices.Repeat([]int64{7}, liveWindowLen-1)...), 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var w liveWindow
+			for _, v := range tt.adds {
+				w.add(v)
+			}
+			if got := w.max(); got != tt.want {
+				t.Fatalf("max %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -12,11 +13,14 @@ import (
 	"github.com/floe-rl/floe/trace"
 )
 
-// Retention: once a step is committed and written to the Parquet archive (sidecar), its
-// groups, sessions, calls and keys leave the store in one transaction (ForgetStep), and
-// the step's record shrinks to a tombstone that keeps it committed: the numbering and
-// the exactly-once commit survive, and the archived sessions' keys no longer resolve, so
-// the proxy refuses them as unknown.
+// Retention: once a step is committed and written to the Parquet archive (sidecar), the
+// step is marked files-written (MarkStepFilesWritten), then its groups, with their
+// sessions, calls and keys, leave the store one transaction each (ForgetStep), so that
+// the proxy's writes never wait behind a whole step; last, the step's record shrinks to
+// a tombstone that keeps it committed: the numbering and the exactly-once commit
+// survive, and the archived sessions' keys no longer resolve, so the proxy refuses them
+// as unknown. A crash part way leaves a step marked files-written with some groups
+// gone: it is not written again (its files are complete), only forgotten to the end.
 
 // SessionTimes are when a session was created and finished (zero while running).
 type SessionTimes struct {
@@ -31,6 +35,8 @@ type StepContents struct {
 	// order) and their calls.
 	Groups []trace.Group
 	Times  map[string]SessionTimes // by session id
+	// FilesWritten: the step's archive files are complete; what is left is to forget it.
+	FilesWritten bool
 }
 
 // ArchivableSteps lists the committed steps whose data is still in the store (not yet
@@ -97,7 +103,7 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
 		}
 		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
-			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt}
+			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
 		return nil
 	})
 	return out, err
@@ -212,15 +218,36 @@ func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
 	return sv, nil
 }
 
-// ForgetStep removes committed step n's groups, their sessions with their calls and API
-// keys, in one durable transaction, and keeps the step as a committed tombstone
-// (archived). Call it once the step is safely archived. Forgetting a step again is a
-// no-op; a step not committed is refused. The usage totals lose what was removed and
-// count it as archived.
+// MarkStepFilesWritten records, in one small durable write, that committed step n's
+// archive files are complete: from then on its groups may leave the store (ForgetStep),
+// and a restart finishes forgetting it instead of writing its files again, which it
+// could not do with some groups gone.
+func (s *Store) MarkStepFilesWritten(n int64) error {
+	return s.write(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("mark step files written: %w", err)
+		}
+		if !sv.Committed {
+			return fmt.Errorf("mark step %d files written: not committed", n)
+		}
+		if sv.Archived || sv.FilesWritten {
+			return nil
+		}
+		sv.FilesWritten = true
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+	})
+}
+
+// ForgetStep marks committed step n files-written and removes its groups, their
+// sessions with their calls and API keys, one durable transaction per group (a write of the proxy waits for one group,
+// never a whole step), and last keeps the step as a committed tombstone (archived). Call
+// it once the step is safely archived. Forgetting a step again, or after a crash part
+// way, finishes what is left; a step not committed is refused. The usage totals lose
+// what was removed and count it as archived.
 func (s *Store) ForgetStep(n int64) error {
-	var gone []string
-	err := s.write(func(tx *bolt.Tx) error {
-		gone = gone[:0] // fn may run again
+	var groups []string
+	err := s.view(func(tx *bolt.Tx) error {
 		sv, err := readStep(tx, n)
 		if err != nil {
 			return fmt.Errorf("forget: %w", err)
@@ -228,18 +255,68 @@ func (s *Store) ForgetStep(n int64) error {
 		if !sv.Committed {
 			return fmt.Errorf("forget step %d: not committed", n)
 		}
+		if !sv.Archived {
+			groups = sv.Groups
+		}
+		return nil
+	})
+	if err != nil || groups == nil {
+		return err
+	}
+	if err := s.MarkStepFilesWritten(n); err != nil {
+		return err
+	}
+	for _, gid := range groups {
+		if err := s.ForgetStepGroup(n, gid); err != nil {
+			return err
+		}
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
 		if sv.Archived {
 			return nil
 		}
-		removed, err := removeGroups(tx, sv.Groups, &gone)
+		for _, gid := range sv.Groups {
+			if tx.Bucket(bGroups).Bucket([]byte(gid)) != nil {
+				return fmt.Errorf("forget step %d: group %q is still in the store", n, gid)
+			}
+		}
+		if err := updateTotals(tx, func(t *Totals) { t.ArchivedSteps++ }); err != nil {
+			return err
+		}
+		sv.Groups, sv.Archived, sv.FilesWritten = nil, true, false
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+	})
+}
+
+// ForgetStepGroup removes group gid of committed step n in one durable write, once the
+// step is marked files-written (the archiver calls it group by group, then ForgetStep
+// for the tombstone); a group already forgotten (a crash after its write) is a no-op.
+func (s *Store) ForgetStepGroup(n int64, gid string) error {
+	var gone []string
+	err := s.write(func(tx *bolt.Tx) error {
+		gone = gone[:0] // fn may run again
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
+		if !sv.FilesWritten || !slices.Contains(sv.Groups, gid) {
+			return fmt.Errorf("forget group %q of step %d: the step is not marked files-written, or has no such group", gid, n)
+		}
+		if tx.Bucket(bGroups).Bucket([]byte(gid)) == nil {
+			if forgotten(tx, tombGroup, gid) {
+				return nil
+			}
+			return fmt.Errorf("forget step %d: %w: group %q is missing", n, ErrCorrupt, gid)
+		}
+		removed, err := removeGroups(tx, []string{gid}, &gone)
 		if err != nil {
 			return fmt.Errorf("forget step %d: %w", n, err)
 		}
-		if err := updateTotals(tx, func(t *Totals) { t.archived(removed); t.ArchivedSteps++ }); err != nil {
-			return err
-		}
-		sv.Groups, sv.Archived = nil, true
-		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+		return updateTotals(tx, func(t *Totals) { t.archived(removed) })
 	})
 	if err != nil {
 		return err

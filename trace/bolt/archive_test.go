@@ -41,8 +41,7 @@ func fillGroup(t testing.TB, s *Store, gid string, sessions, calls int, rng *ran
 	return out
 }
 
-// TestForgetStep: a committed step's groups, sessions, calls and keys leave the store in
-// one write; the step stays committed (no second commit, no second save, the numbering
+// TestForgetStep: a committed step's groups, sessions, calls and keys leave the store; the step stays committed (no second commit, no second save, the numbering
 // goes on), also after a restart; other groups are untouched.
 func TestForgetStep(t *testing.T) {
 	dir := t.TempDir()
@@ -184,6 +183,11 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 					recorded = append(recorded, c)
 				}
 			}()
+			// Against the live size of a recent pass (the file's size), it does not pay.
+			fi, _ := os.Stat(s.Path())
+			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1, LiveFloor: fi.Size()}); err != nil || c.Compacted {
+				t.Fatalf("compacted against a live floor of the file's size: %+v %v", c, err)
+			}
 			c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1})
 			wg.Wait()
 			if err != nil || recErr != nil {
@@ -192,7 +196,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 			if !c.Compacted || c.AfterBytes >= c.BeforeBytes || c.LiveBytes > c.AfterBytes {
 				t.Fatalf("compaction %+v: want a smaller file", c)
 			}
-			fi, _ := os.Stat(s.Path())
+			fi, _ = os.Stat(s.Path())
 			t.Logf("%+v; file now %d bytes", c, fi.Size())
 			if _, err := os.Stat(s.Path() + compactSuffix); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("compaction copy left: %v", err)
@@ -332,5 +336,65 @@ func TestForgottenIDsStayTaken(t *testing.T) {
 		if err := s.CreateSession(trace.Session{ID: fresh, TaskID: "t", GroupID: "g-" + fresh}, "", 0); err != nil {
 			t.Errorf("a new id: %v", err)
 		}
+	}
+}
+
+// TestForgetStepGroupByGroup: a step's groups leave the store one write each; a store
+// closed part way (a crash) keeps the step committed, marked files-written, with the
+// groups not yet forgotten, and ForgetStep then finishes: every group gone, the usage
+// counted once, the step a tombstone.
+func TestForgetStepGroupByGroup(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	groups := []string{"ga", "gb", "gc"}
+	for _, g := range groups {
+		fillGroup(t, s, g, 2, 2, rng)
+	}
+	if err := s.SaveStep(0, groups); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStepGroup(0, "ga"); err == nil {
+		t.Fatal("forgot a group of a step not marked files-written")
+	}
+	if err := s.MarkStepFilesWritten(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStepGroup(0, "gx"); err == nil {
+		t.Fatal("forgot a group not in the step")
+	}
+	for range 2 { // the second time: a no-op, as after a crash past its write
+		if err := s.ForgetStepGroup(0, "ga"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = reopen(t, s, dir)
+	if steps, err := s.ArchivableSteps(); err != nil || !slices.Equal(steps, []int64{0}) {
+		t.Fatalf("archivable %v %v: the step is not archived yet", steps, err)
+	}
+	head, err := s.CommittedStepHead(0)
+	if err != nil || !head.FilesWritten || !slices.Equal(head.Record.Groups, groups) {
+		t.Fatalf("head %+v %v", head, err)
+	}
+	gs, err := s.Groups()
+	if err != nil || len(gs) != 2 {
+		t.Fatalf("groups after forgetting one: %+v %v", gs, err)
+	}
+	if err := s.ForgetStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if steps, err := s.ArchivableSteps(); err != nil || len(steps) != 0 {
+		t.Fatalf("archivable %v %v after ForgetStep", steps, err)
+	}
+	u, err := s.Usage()
+	if err != nil || u.Sessions != 0 || u.Calls != 0 || u.ArchivedSessions != 6 || u.ArchivedCalls != 12 || u.ArchivedSteps != 1 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	if err := s.CommitStep(0); !errors.Is(err, ErrCommitted) {
+		t.Fatalf("commit after forgetting: %v", err)
 	}
 }

@@ -986,6 +986,9 @@ type stepValue struct {
 	// Archived: the step's data went to the archive and left the store (ForgetStep);
 	// the record stays, without its groups, to keep the step committed.
 	Archived bool `json:"archived,omitempty"`
+	// FilesWritten: the step's archive files are complete (MarkStepFilesWritten); its
+	// groups may be leaving the store, one write each, and a restart only finishes that.
+	FilesWritten bool `json:"files_written,omitempty"`
 }
 
 // SaveStep records that step n is formed from groups (in that order). It is durable when
