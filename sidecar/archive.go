@@ -2,11 +2,13 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -52,6 +54,17 @@ type Archiver struct {
 	// Write bounds the memory one step's calls take while they are written (zero: the
 	// production setting).
 	Write archive.WriteOptions
+	// Metrics, when set, counts the steps archived, the failures and the time taken.
+	Metrics ArchiveMetrics
+	// RetryAfter is how long a step or dropped group that failed is left before it is
+	// tried again, doubling with each failure in a row up to MaxRetryAfter (defaults 1
+	// minute and 30 minutes); the others go on meanwhile.
+	RetryAfter, MaxRetryAfter time.Duration
+
+	mu      sync.Mutex // guards failing and status
+	failing map[string]*archiveFailure
+	status  ArchiveStatus
+	now     func() time.Time
 
 	kick chan struct{}
 	// live is the store's live bytes at the latest passes: compaction is measured against
@@ -64,7 +77,119 @@ type Archiver struct {
 // NewArchiver returns an archiver of store into dir with cfg's advantage settings.
 func NewArchiver(store ArchiveStore, dir string, cfg Config, mem memory.Allocator, log *slog.Logger) *Archiver {
 	return &Archiver{Store: store, Dir: dir, Advantage: cfg.Batcher.Advantage, DropFailed: cfg.DropFailed,
-		Mem: mem, Log: log, kick: make(chan struct{}, 1)}
+		Mem: mem, Log: log, kick: make(chan struct{}, 1), failing: map[string]*archiveFailure{}, now: time.Now}
+}
+
+// ArchiveMetrics is what the archiver reports to Prometheus (*Metrics).
+type ArchiveMetrics interface {
+	// StepArchived: a step (or a dropped group: step false) left the store for the
+	// archive, in took.
+	StepArchived(step bool, took time.Duration)
+	// ArchiveFailed: archiving a step or a dropped group failed (it stays in the store).
+	ArchiveFailed(step bool)
+}
+
+// ArchiveStatus is the archiver's part of the status (docs/control.md): what it did
+// since floe started and what keeps failing.
+type ArchiveStatus struct {
+	// StepsArchived and GroupsArchived count the steps and dropped groups archived.
+	StepsArchived  int `json:"steps_archived"`
+	GroupsArchived int `json:"dropped_groups_archived"`
+	// Failures counts failed attempts; Failing lists what failed at its last attempt
+	// ("step 12", "dropped group g7"), oldest first, with LastError the latest error.
+	Failures  int      `json:"failures"`
+	Failing   []string `json:"failing,omitempty"`
+	LastError string   `json:"last_error,omitempty"`
+}
+
+// archiveFailure is a step or group that failed: tried again after next.
+type archiveFailure struct {
+	count int
+	first time.Time
+	next  time.Time
+}
+
+// Status is what the archiver did and what is failing.
+func (a *Archiver) Status() ArchiveStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.status
+	type f struct {
+		what  string
+		first time.Time
+	}
+	var fs []f
+	for what, af := range a.failing {
+		fs = append(fs, f{what, af.first})
+	}
+	slices.SortFunc(fs, func(x, y f) int { return x.first.Compare(y.first) })
+	for _, x := range fs {
+		st.Failing = append(st.Failing, x.what)
+	}
+	return st
+}
+
+// due says whether what may be tried now (it has not failed, or its wait is over).
+func (a *Archiver) due(what string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f := a.failing[what]
+	return f == nil || !a.clock().Before(f.next)
+}
+
+func (a *Archiver) clock() time.Time {
+	if a.now == nil {
+		return time.Now()
+	}
+	return a.now()
+}
+
+// outcome records how archiving what went: err nil, done; otherwise a failure, logged,
+// counted, and what waits before it is tried again.
+func (a *Archiver) outcome(what string, step bool, took time.Duration, err error) {
+	a.mu.Lock()
+	if err == nil {
+		delete(a.failing, what)
+		if step {
+			a.status.StepsArchived++
+		} else {
+			a.status.GroupsArchived++
+		}
+	} else {
+		f := a.failing[what]
+		if f == nil {
+			if a.failing == nil {
+				a.failing = map[string]*archiveFailure{}
+			}
+			f = &archiveFailure{first: a.clock()}
+			a.failing[what] = f
+		}
+		f.count++
+		wait, most := a.RetryAfter, a.MaxRetryAfter
+		if wait <= 0 {
+			wait = time.Minute
+		}
+		if most <= 0 {
+			most = 30 * time.Minute
+		}
+		for range min(f.count-1, 16) {
+			wait = min(2*wait, most)
+		}
+		f.next = a.clock().Add(wait)
+		a.status.Failures++
+		a.status.LastError = err.Error()
+		a.Log.Error("archiving failed (it stays in the store and is tried again; the others go on)", "what", what,
+			"failures_in_a_row", f.count, "retry_in", wait, "err", err)
+	}
+	a.mu.Unlock()
+	if a.Metrics == nil {
+		return
+	}
+	if err == nil {
+		a.Metrics.StepArchived(step, took)
+	} else {
+		a.Metrics.ArchiveFailed(step)
+	}
 }
 
 // Kick asks Run to archive the steps committed since; it never blocks.
@@ -77,14 +202,14 @@ func (a *Archiver) Kick() {
 
 // Run archives the committed steps left in the store (those a crash or a floe without
 // archiving left), then each step as it is committed (Kick), until ctx ends. A step that
-// fails to archive stays in the store and is tried again at the next kick or tick;
-// nothing is lost, and training goes on.
+// fails to archive stays in the store and is tried again later (RetryAfter), while the
+// steps after it are archived; nothing is lost, and training goes on.
 func (a *Archiver) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
 	for {
-		if _, err := a.ArchiveCommitted(); err != nil {
-			a.Log.Error("archiving committed steps (they stay in the store and are tried again)", "err", err)
+		if _, err := a.ArchiveCommitted(ctx); err != nil && ctx.Err() == nil {
+			a.Log.Error("archiving committed steps (what failed stays in the store and is tried again)", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -97,32 +222,53 @@ func (a *Archiver) Run(ctx context.Context) error {
 
 // ArchiveCommitted archives every committed step still in the store, in order, and
 // every dropped group (never trained, so final too), then compacts the store when the
-// policy says it pays. It returns the steps archived.
-func (a *Archiver) ArchiveCommitted() ([]int64, error) {
+// policy says it pays. A step or group that fails is skipped (and left for a while,
+// RetryAfter) so that it never holds back the others; the error says what failed. ctx
+// is checked between steps and between groups: a SIGTERM during a backlog returns
+// promptly, leaving the rest for the next start. It returns the steps archived.
+func (a *Archiver) ArchiveCommitted(ctx context.Context) ([]int64, error) {
 	steps, err := a.Store.ArchivableSteps()
 	if err != nil {
 		return nil, fmt.Errorf("listing committed steps: %w", err)
 	}
 	var done []int64
+	var errs []error
 	for _, n := range steps {
-		if err := safely(fmt.Sprintf("archiving step %d", n), func() error { return a.archiveStep(n) }); err != nil {
+		if err := ctx.Err(); err != nil {
 			return done, err
+		}
+		what := fmt.Sprintf("step %d", n)
+		if !a.due(what) {
+			continue
+		}
+		began := time.Now()
+		err := safely("archiving "+what, func() error { return a.archiveStep(ctx, n) })
+		if ctx.Err() != nil {
+			return done, errors.Join(append(errs, ctx.Err())...)
+		}
+		a.outcome(what, true, time.Since(began), err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		done = append(done, n)
 	}
 	var dropped int
-	err = safely("archiving dropped groups", func() (err error) { dropped, err = a.archiveDropped(); return err })
+	err = safely("archiving dropped groups", func() (err error) { dropped, err = a.archiveDropped(ctx); return err })
 	if err != nil {
-		return done, err
+		errs = append(errs, err)
+	}
+	if ctx.Err() != nil {
+		return done, errors.Join(append(errs, ctx.Err())...)
 	}
 	if len(done) == 0 && dropped == 0 {
-		return done, nil
+		return done, errors.Join(errs...)
 	}
 	p := a.Compact
 	p.LiveFloor = max(p.LiveFloor, a.live.max())
 	c, err := a.Store.CompactIfWorth(p)
 	if err != nil {
-		return done, err
+		return done, errors.Join(append(errs, err)...)
 	}
 	a.live.add(c.LiveBytes)
 	if c.Compacted {
@@ -130,7 +276,7 @@ func (a *Archiver) ArchiveCommitted() ([]int64, error) {
 			"took", c.Took.Round(time.Millisecond))
 	}
 	a.stage("compacted")
-	return done, nil
+	return done, errors.Join(errs...)
 }
 
 func (a *Archiver) stage(s string) {
@@ -154,7 +300,7 @@ func safely(what string, fn func() error) (err error) {
 
 // archiveStep writes step n to the archive, reading and writing its groups one at a
 // time, and then forgets it in the store.
-func (a *Archiver) archiveStep(n int64) error {
+func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 	began := time.Now()
 	sc, err := a.Store.CommittedStepHead(n)
 	if err != nil {
@@ -163,6 +309,9 @@ func (a *Archiver) archiveStep(n int64) error {
 	calls := 0
 	groups := func(yield func(*trace.Group, map[string]archive.SessionInfo) error) error {
 		for _, gid := range sc.Record.Groups {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			g, times, err := a.Store.StepGroup(gid)
 			if err != nil {
 				return fmt.Errorf("step %d: %w", n, err)
@@ -204,6 +353,9 @@ func (a *Archiver) archiveStep(n int64) error {
 	}
 	// One write per group, so the proxy's writes never wait behind a whole step.
 	for _, gid := range sc.Record.Groups {
+		if err := ctx.Err(); err != nil {
+			return err // the step is marked files-written: the next start finishes it
+		}
 		if err := a.Store.ForgetStepGroup(n, gid); err != nil {
 			return fmt.Errorf("archived step %d, removing group %s from the store: %w", n, gid, err)
 		}
@@ -218,37 +370,58 @@ func (a *Archiver) archiveStep(n int64) error {
 	return nil
 }
 
-// archiveDropped archives and forgets the dropped groups in the store; it returns how
-// many.
-func (a *Archiver) archiveDropped() (int, error) {
+// archiveDropped archives and forgets the dropped groups in the store, skipping one that
+// failed (tried again later) so that it never holds back the others; it returns how many
+// it archived.
+func (a *Archiver) archiveDropped(ctx context.Context) (int, error) {
 	gs, err := a.Store.Groups()
 	if err != nil {
 		return 0, fmt.Errorf("listing groups: %w", err)
 	}
 	n := 0
+	var errs []error
 	for _, gs := range gs {
 		if !gs.Dropped || gs.Step >= 0 {
 			continue
 		}
-		d, err := a.Store.DroppedGroup(gs.ID)
-		if err != nil {
-			return n, fmt.Errorf("archiving dropped group %s: %w", gs.ID, err)
-		}
-		info := make(map[string]archive.SessionInfo, len(d.Times))
-		for sid, t := range d.Times {
-			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
-		}
-		if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(gs.ID, d.Seq), &d.Group, d.Reason, info, a.Mem, a.dropOpts()); err != nil {
+		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
-			return n, fmt.Errorf("archived dropped group %s, removing it from the store: %w", gs.ID, err)
+		what := "dropped group " + gs.ID
+		if !a.due(what) {
+			continue
 		}
-		a.stage("dropped-forgotten")
-		a.Log.Info("dropped group archived", "group", gs.ID, "reason", d.Reason, "dir", a.Dir)
+		began := time.Now()
+		err := safely("archiving "+what, func() error { return a.archiveDroppedGroup(gs.ID) })
+		a.outcome(what, false, time.Since(began), err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		n++
 	}
-	return n, nil
+	return n, errors.Join(errs...)
+}
+
+// archiveDroppedGroup writes dropped group id to the archive, then forgets it.
+func (a *Archiver) archiveDroppedGroup(id string) error {
+	d, err := a.Store.DroppedGroup(id)
+	if err != nil {
+		return fmt.Errorf("archiving dropped group %s: %w", id, err)
+	}
+	info := make(map[string]archive.SessionInfo, len(d.Times))
+	for sid, t := range d.Times {
+		info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
+	}
+	if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(id, d.Seq), &d.Group, d.Reason, info, a.Mem, a.dropOpts()); err != nil {
+		return err
+	}
+	if err := a.Store.ForgetDroppedGroup(id); err != nil {
+		return fmt.Errorf("archived dropped group %s, removing it from the store: %w", id, err)
+	}
+	a.stage("dropped-forgotten")
+	a.Log.Info("dropped group archived", "group", id, "reason", d.Reason, "dir", a.Dir)
+	return nil
 }
 
 func (a *Archiver) dropOpts() archive.WriteOptions {

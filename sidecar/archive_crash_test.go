@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -54,7 +55,7 @@ func archiveCrashChild(dir, stage string, nth int) {
 			}
 		}
 	}
-	if _, err := a.ArchiveCommitted(); err != nil {
+	if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
@@ -127,7 +128,7 @@ func TestArchiveCrash(t *testing.T) {
 			}
 			defer s.Close()
 			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
-			if _, err := a.ArchiveCommitted(); err != nil { // floe serve's start
+			if _, err := a.ArchiveCommitted(context.Background()); err != nil { // floe serve's start
 				t.Fatal(err)
 			}
 			checkArchive(t, dir+"/archive", recorded, steps, mem)

@@ -214,7 +214,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 					recorded[ck] = c
 				}
 				if archiving {
-					done, err := a.ArchiveCommitted()
+					done, err := a.ArchiveCommitted(context.Background())
 					if err != nil || !slices.Equal(done, []int64{int64(k)}) {
 						t.Fatalf("step %d: archived %v, %v", k, done, err)
 					}
@@ -237,7 +237,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 				}
 				// Archiving turned on for a store that grew without it: everything goes to
 				// the archive and the file is compacted under the bound.
-				done, err := a.ArchiveCommitted()
+				done, err := a.ArchiveCommitted(context.Background())
 				if err != nil || len(done) != boundSteps {
 					t.Fatalf("archived %d steps, %v", len(done), err)
 				}
@@ -372,7 +372,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 					}
 				}
 				// The archiver turns the panic into the pass's error (as it does any panic).
-				if _, err := a.ArchiveCommitted(); err == nil || !strings.Contains(err.Error(), "panic: "+errCrash.Error()) {
+				if _, err := a.ArchiveCommitted(context.Background()); err == nil || !strings.Contains(err.Error(), "panic: "+errCrash.Error()) {
 					t.Fatalf("archiving did not reach %s: %v", killAt, err)
 				}
 				if err := s.Close(); err != nil {
@@ -383,7 +383,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 				}
 			}
 			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
-			if _, err := a.ArchiveCommitted(); err != nil {
+			if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			rows, err := archive.ReadCalls(dir+"/archive", mem)
@@ -475,7 +475,7 @@ func TestArchiveSaysWhichCallsTrained(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DropFailed = true // the failed session leaves the group, and is archived all the same
 	a := NewArchiver(s, dir+"/archive", cfg, mem, quietLog())
-	if _, err := a.ArchiveCommitted(); err != nil {
+	if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := archive.ReadCalls(dir+"/archive", mem)
