@@ -18,14 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# duckdb, pandas and datasets are in the bridge's test extra: a missing one fails the test.
+import datasets
+import duckdb
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-pd = pytest.importorskip("pandas")
 pytest.importorskip("torch")  # the reference server's model
-duckdb = pytest.importorskip("duckdb")
-datasets = pytest.importorskip("datasets")
 
 from floe_stack import Stack, refserver_argv  # noqa: E402
 
@@ -181,8 +182,8 @@ def test_archive_opens_in_pyarrow_pandas_duckdb_and_datasets(
     assert all(n == 2 and sampled > 0 for *_, n, sampled in q)
     # DuckDB reads the large_string JSON columns as text, and its JSON functions take them
     models = duckdb.sql(f"""
-        select distinct json_extract_string(request, '$.model') from read_parquet('{archive}/calls/*/*.parquet')
-        """).fetchall()
+        select distinct json_extract_string(request, '$.model')
+        from read_parquet('{archive}/calls/*/*.parquet')""").fetchall()
     assert models == [("floe-ref",)]
 
     # Hugging Face datasets, from the files
