@@ -26,7 +26,8 @@ const ArchiveDirName = "archive"
 type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
 	CommittedStepHead(n int64) (bolt.StepContents, error)
-	StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
+	StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
+	EachCall(sid string, fn func(*trace.Call) error) error
 	MarkStepFilesWritten(n int64) error
 	ForgetStepGroup(n int64, gid string) error
 	ForgetStep(n int64) error
@@ -298,8 +299,8 @@ func safely(what string, fn func() error) (err error) {
 	return fn()
 }
 
-// archiveStep writes step n to the archive, reading and writing its groups one at a
-// time, and then forgets it in the store.
+// archiveStep writes step n to the archive, reading and writing its calls one at a time
+// (a session of any length is never in memory whole), and then forgets it in the store.
 func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 	began := time.Now()
 	sc, err := a.Store.CommittedStepHead(n)
@@ -307,33 +308,32 @@ func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 		return fmt.Errorf("archiving step %d: %w", n, err)
 	}
 	calls := 0
-	groups := func(yield func(*trace.Group, map[string]archive.SessionInfo) error) error {
+	rows := func(r *archive.Rows) error {
 		for _, gid := range sc.Record.Groups {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			g, times, err := a.Store.StepGroup(gid)
+			g, times, err := a.Store.StepGroupSessions(gid)
 			if err != nil {
 				return fmt.Errorf("step %d: %w", n, err)
 			}
 			adv := a.advantages(g)
-			// The archive says which calls the step trained on: those of a failed or
-			// timed-out session, or sampled by a policy older than the step's cut-off,
-			// were not, although the store recorded them trainable. usable marks them as
-			// the step former did; it keeps every session (no -drop-failed here), since all
-			// of them are archived.
-			g, _ = Config{}.usable(g, sc.Record.MinPolicyVersion)
-			info := make(map[string]archive.SessionInfo, len(g.Sessions))
-			for _, s := range g.Sessions {
+			for si := range g.Sessions {
+				s := &g.Sessions[si]
+				k := 0
+				err := a.Store.EachCall(s.ID, func(c *trace.Call) error {
+					k++
+					return r.Call(g.ID, s.TaskID, trainedAs(s, c, sc.Record.MinPolicyVersion))
+				})
+				if err != nil {
+					return fmt.Errorf("step %d: group %s: %w", n, gid, err)
+				}
 				si := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
 				if v, ok := adv[s.ID]; ok {
 					si.Advantage = &v
 				}
-				info[s.ID] = si
-				calls += len(s.Calls)
-			}
-			if err := yield(&g, info); err != nil {
-				return err
+				r.Session(g.ID, s, k, si)
+				calls += k
 			}
 		}
 		return nil
@@ -343,7 +343,7 @@ func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 	if !sc.FilesWritten {
 		opt := a.Write
 		opt.At = func(s archive.Stage) { a.stage(string(s)) }
-		if err := archive.WriteStepGroups(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, groups, a.Mem, opt); err != nil {
+		if err := archive.WriteStepRows(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, rows, a.Mem, opt); err != nil {
 			return err
 		}
 		if err := a.Store.MarkStepFilesWritten(n); err != nil {
@@ -428,6 +428,17 @@ func (a *Archiver) dropOpts() archive.WriteOptions {
 	opt := a.Write
 	opt.At = func(s archive.Stage) { a.stage("dropped-" + string(s)) }
 	return opt
+}
+
+// trainedAs is call c of session s as the step trained on it: the archive says which
+// calls the step trained on, and those of a failed or timed-out session, or sampled by a
+// policy older than the step's cut-off, were not, although the store recorded them
+// trainable. usable marks them as the step former did (no -drop-failed here: every
+// session is archived).
+func trainedAs(s *trace.Session, c *trace.Call, minVersion int64) *trace.Call {
+	one := trace.Group{Sessions: []trace.Session{{ID: s.ID, Status: s.Status, Calls: []trace.Call{*c}}}}
+	u, _ := Config{}.usable(one, minVersion)
+	return &u.Sessions[0].Calls[0]
 }
 
 // advantages are group g's sessions' advantages as the step former's examination

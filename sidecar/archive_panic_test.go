@@ -22,13 +22,13 @@ type panickyStore struct {
 	bad map[string]bool
 }
 
-func (p panickyStore) StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (p panickyStore) StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
 	if p.bad[gid] {
 		var offsets []int
 		n := -len(gid)
 		_ = offsets[:n] // slice bounds out of range, as the 2 GiB batch did
 	}
-	return p.Store.StepGroup(gid)
+	return p.Store.StepGroupSessions(gid)
 }
 
 // syncBuffer is a log sink a test reads while Run writes it.
@@ -125,7 +125,7 @@ type failingStore struct {
 	cancel context.CancelFunc
 }
 
-func (f *failingStore) StepGroup(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (f *failingStore) StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
 	f.mu.Lock()
 	bad, cancel := f.bad[gid], f.cancel
 	f.mu.Unlock()
@@ -134,7 +134,7 @@ func (f *failingStore) StepGroup(gid string) (trace.Group, map[string]bolt.Sessi
 	} else if bad {
 		return trace.Group{}, nil, errors.New("disk full")
 	}
-	return f.Store.StepGroup(gid)
+	return f.Store.StepGroupSessions(gid)
 }
 
 // TestArchiveSkipsFailingStep: a step that fails to archive holds back none after it; it

@@ -109,7 +109,7 @@ func WriteDroppedGroup(root, dir string, g *trace.Group, reason string, sessions
 					return err
 				}
 			}
-			sess.append(nil, g.ID, s, sessions[s.ID], reason)
+			sess.append(nil, g.ID, s, len(s.Calls), sessions[s.ID], reason)
 		}
 		return nil
 	})
@@ -145,46 +145,75 @@ func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) erro
 	}, mem, WriteOptions{At: at})
 }
 
-// WriteStepGroups writes step head's three partition files under root: its calls, its
-// sessions, then its step row (last, so a step row means its other files are complete).
-// The calls stream from groups into one file, a row group whenever opt's bounds are
-// reached: a step's size never decides what is held in memory. Each file is written to
-// a hidden temporary name, fsynced and renamed over the final name, and its directory
-// fsynced: after a crash a file is whole or absent, and writing a step again replaces
-// its files rather than adding rows.
+// WriteStepGroups writes step head's files (WriteStepRows) from groups, each held whole
+// in memory while it is written.
 func WriteStepGroups(root string, head StepHead, groups GroupSource, mem memory.Allocator, opt WriteOptions) error {
-	opt = opt.withDefaults()
-	n := head.Record.N
-	sess := newSessionsBuilder(mem)
-	defer sess.release()
-	nSessions, nCalls := 0, 0
-	err := writeCallsFile(filepath.Join(PartitionDir(root, CallsTable, n), PartFile), mem, opt, func(add AddCall) error {
+	return WriteStepRows(root, head, func(r *Rows) error {
 		return groups(func(g *trace.Group, info map[string]SessionInfo) error {
 			for si := range g.Sessions {
 				s := &g.Sessions[si]
-				nSessions++
 				for ci := range s.Calls {
-					if err := add(&n, g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+					if err := r.Call(g.ID, s.TaskID, &s.Calls[ci]); err != nil {
 						return err
 					}
-					nCalls++
 				}
-				sess.append(&n, g.ID, s, info[s.ID], "")
+				r.Session(g.ID, s, len(s.Calls), info[s.ID])
 			}
 			return nil
 		})
+	}, mem, opt)
+}
+
+// Rows takes a step's rows as its source reads them (WriteStepRows): each call is
+// appended to the calls being written and not kept.
+type Rows struct {
+	step      *int64
+	add       AddCall
+	sess      *sessionsBuilder
+	nSessions int
+	nCalls    int
+}
+
+// Call adds call c of group groupID (task taskID).
+func (r *Rows) Call(groupID, taskID string, c *trace.Call) error {
+	r.nCalls++
+	return r.add(r.step, groupID, taskID, c)
+}
+
+// Session adds session s of group groupID (its calls, if any, are not read: calls is how
+// many it has).
+func (r *Rows) Session(groupID string, s *trace.Session, calls int, info SessionInfo) {
+	r.nSessions++
+	r.sess.append(r.step, groupID, s, calls, info, "")
+}
+
+// WriteStepRows writes step head's three partition files under root: its calls, its
+// sessions, then its step row (last, so a step row means its other files are complete).
+// source hands the step's calls and sessions to its Rows; the calls stream into one
+// file, a row group whenever opt's bounds are reached, so a step's size never decides
+// what is held in memory. Each file is written to a hidden temporary name, fsynced and
+// renamed over the final name, and its directory fsynced: after a crash a file is whole
+// or absent, and writing a step again replaces its files rather than adding rows.
+func WriteStepRows(root string, head StepHead, source func(*Rows) error, mem memory.Allocator, opt WriteOptions) error {
+	opt = opt.withDefaults()
+	n := head.Record.N
+	r := &Rows{step: &n, sess: newSessionsBuilder(mem)}
+	defer r.sess.release()
+	err := writeCallsFile(filepath.Join(PartitionDir(root, CallsTable, n), PartFile), mem, opt, func(add AddCall) error {
+		r.add = add
+		return source(r)
 	})
 	if err != nil {
 		return fmt.Errorf("archive step %d calls: %w", n, err)
 	}
 	opt.At(StageCalls)
-	if err := writeRecord(PartitionDir(root, SessionsTable, n), sess.b, mem); err != nil {
+	if err := writeRecord(PartitionDir(root, SessionsTable, n), r.sess.b, mem); err != nil {
 		return fmt.Errorf("archive step %d sessions: %w", n, err)
 	}
 	opt.At(StageSessions)
 	steps := array.NewRecordBuilder(mem, StepsSchema)
 	defer steps.Release()
-	appendStep(steps, head, nSessions, nCalls)
+	appendStep(steps, head, r.nSessions, r.nCalls)
 	if err := writeRecord(PartitionDir(root, StepsTable, n), steps, mem); err != nil {
 		return fmt.Errorf("archive step %d: %w", n, err)
 	}
@@ -402,7 +431,7 @@ func newSessionsBuilder(mem memory.Allocator) *sessionsBuilder {
 
 func (sb *sessionsBuilder) release() { sb.b.Release() }
 
-func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session, info SessionInfo, dropReason string) {
+func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session, calls int, info SessionInfo, dropReason string) {
 	f := sb.b.Fields()
 	if step != nil {
 		f[0].(*array.Int64Builder).Append(*step)
@@ -415,7 +444,7 @@ func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session,
 	f[4].(*array.StringBuilder).Append(string(s.Status))
 	f[5].(*array.Float64Builder).Append(s.Reward)
 	appendFloat(f[6], info.Advantage)
-	f[7].(*array.Int32Builder).Append(int32(len(s.Calls)))
+	f[7].(*array.Int32Builder).Append(int32(calls))
 	appendTime(f[8], info.Created)
 	appendTime(f[9], info.Finished)
 	appendString(f[10], dropReason)

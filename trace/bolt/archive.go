@@ -90,8 +90,8 @@ func (s *Store) CommittedStep(n int64) (StepContents, error) {
 }
 
 // CommittedStepHead reads committed step n's record, without its groups' data: the
-// archiver then reads the groups one at a time (StepGroup), so a step of any size is
-// never in memory whole. Errors as CommittedStep's.
+// archiver then reads the groups one at a time (StepGroupSessions, EachCall), so a step
+// of any size is never in memory whole. Errors as CommittedStep's.
 func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 	var out StepContents
 	err := s.view(func(tx *bolt.Tx) error {
@@ -109,17 +109,69 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 	return out, err
 }
 
-// StepGroup reads group gid with its sessions (in creation order), their calls and
-// times, in one read transaction.
-func (s *Store) StepGroup(gid string) (trace.Group, map[string]SessionTimes, error) {
+// StepGroupSessions reads group gid with its sessions (in creation order) without their
+// calls, and their times: the archiver then reads each session's calls one at a time
+// (EachCall).
+func (s *Store) StepGroupSessions(gid string) (trace.Group, map[string]SessionTimes, error) {
 	var g trace.Group
 	times := map[string]SessionTimes{}
 	err := s.view(func(tx *bolt.Tx) error {
-		var err error
-		g, err = readGroupWithTimes(tx, gid, times)
-		return err
+		b, gi, err := groupBucket(tx, gid)
+		if err != nil {
+			return err
+		}
+		g = trace.Group{ID: gid, TaskID: gi.Task}
+		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+			sess, _, err := readSession(tx, string(sid), false)
+			if err != nil {
+				return err
+			}
+			_, info, err := sessionBucket(tx, string(sid))
+			if err != nil {
+				return err
+			}
+			times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
+			g.Sessions = append(g.Sessions, sess)
+			return nil
+		})
 	})
-	return g, times, err
+	if err != nil {
+		return trace.Group{}, nil, fmt.Errorf("group %s: %w", gid, err)
+	}
+	return g, times, nil
+}
+
+// EachCall calls fn with each call of session sid in order, in one read transaction,
+// decoding one call at a time: a session of any length is never in memory whole (but
+// for its token ids, which later prompts are stored against). fn must not keep c.
+func (s *Store) EachCall(sid string, fn func(c *trace.Call) error) error {
+	return s.view(func(tx *bolt.Tx) error {
+		b, info, err := sessionBucket(tx, sid)
+		if err != nil {
+			return err
+		}
+		var blobs [3][]byte
+		fulls := make([][]int32, 0, info.Stored)
+		cur := b.Bucket(kCalls).Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			seq := len(fulls)
+			if len(k) != 8 || binary.BigEndian.Uint64(k) != uint64(seq) {
+				return fmt.Errorf("%w: session %q: call key %x where seq %d was expected", ErrCorrupt, sid, k, seq)
+			}
+			c, full, err := decodeCall(v, sid, seq, fulls, &blobs)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrCorrupt, err)
+			}
+			fulls = append(fulls, full)
+			if err := fn(&c); err != nil {
+				return err
+			}
+		}
+		if len(fulls) != info.Stored {
+			return fmt.Errorf("%w: session %q: %d calls stored, record says %d", ErrCorrupt, sid, len(fulls), info.Stored)
+		}
+		return nil
+	})
 }
 
 // readGroupWithTimes reads group gid with its sessions and their calls, adding the
