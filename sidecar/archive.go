@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -178,7 +179,8 @@ func (a *Archiver) outcome(what string, step bool, took time.Duration, err error
 		}
 		f.next = a.clock().Add(wait)
 		a.status.Failures++
-		a.status.LastError = err.Error()
+		// The first line: a panic's stack stays in the log, out of the status.
+		a.status.LastError, _, _ = strings.Cut(err.Error(), "\n")
 		a.Log.Error("archiving failed (it stays in the store and is tried again; the others go on)", "what", what,
 			"failures_in_a_row", f.count, "retry_in", wait, "err", err)
 	}

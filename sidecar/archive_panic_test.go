@@ -65,6 +65,10 @@ func TestArchivePanicIsAnError(t *testing.T) {
 	if _, err := a.ArchiveCommitted(context.Background()); err == nil || !strings.Contains(err.Error(), "panic") {
 		t.Fatalf("ArchiveCommitted: %v, want the panic as an error", err)
 	}
+	if st := a.Status(); st.Failures != 1 || !slices.Equal(st.Failing, []string{"step 0"}) ||
+		!strings.Contains(st.LastError, "slice bounds out of range") || strings.Contains(st.LastError, "\n") {
+		t.Fatalf("status %+v: want step 0 failing, the panic's first line", st)
+	}
 	// floe serve's archiver, meeting the same step.
 	var runLogs syncBuffer
 	a = NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", DefaultConfig(), mem,
