@@ -2,10 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -22,10 +26,14 @@ const ArchiveDirName = "archive"
 // ArchiveStore is what archiving needs of the store (*bolt.Store).
 type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
-	CommittedStep(n int64) (bolt.StepContents, error)
+	CommittedStepHead(n int64) (bolt.StepContents, error)
+	StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
+	EachCall(sid string, fn func(*trace.Call) error) error
+	MarkStepFilesWritten(n int64) error
+	ForgetStepGroup(n int64, gid string) error
 	ForgetStep(n int64) error
 	Groups() ([]trace.GroupState, error)
-	DroppedGroup(id string) (trace.Group, string, map[string]bolt.SessionTimes, error)
+	DroppedGroup(id string) (bolt.Dropped, error)
 	ForgetDroppedGroup(id string) error
 	CompactIfWorth(p bolt.CompactPolicy) (bolt.Compaction, error)
 }
@@ -45,8 +53,25 @@ type Archiver struct {
 	Compact    bolt.CompactPolicy
 	Mem        memory.Allocator
 	Log        *slog.Logger
+	// Write bounds the memory one step's calls take while they are written (zero: the
+	// production setting).
+	Write archive.WriteOptions
+	// Metrics, when set, counts the steps archived, the failures and the time taken.
+	Metrics ArchiveMetrics
+	// RetryAfter is how long a step or dropped group that failed is left before it is
+	// tried again, doubling with each failure in a row up to MaxRetryAfter (defaults 1
+	// minute and 30 minutes); the others go on meanwhile.
+	RetryAfter, MaxRetryAfter time.Duration
+
+	mu      sync.Mutex // guards failing and status
+	failing map[string]*archiveFailure
+	status  ArchiveStatus
+	now     func() time.Time
 
 	kick chan struct{}
+	// live is the store's live bytes at the latest passes: compaction is measured against
+	// their largest (hysteresis).
+	live liveWindow
 	// at, set by crash tests, is called at each stage of archiving a step.
 	at func(stage string)
 }
@@ -54,7 +79,120 @@ type Archiver struct {
 // NewArchiver returns an archiver of store into dir with cfg's advantage settings.
 func NewArchiver(store ArchiveStore, dir string, cfg Config, mem memory.Allocator, log *slog.Logger) *Archiver {
 	return &Archiver{Store: store, Dir: dir, Advantage: cfg.Batcher.Advantage, DropFailed: cfg.DropFailed,
-		Mem: mem, Log: log, kick: make(chan struct{}, 1)}
+		Mem: mem, Log: log, kick: make(chan struct{}, 1), failing: map[string]*archiveFailure{}, now: time.Now}
+}
+
+// ArchiveMetrics is what the archiver reports to Prometheus (*Metrics).
+type ArchiveMetrics interface {
+	// StepArchived: a step (or a dropped group: step false) left the store for the
+	// archive, in took.
+	StepArchived(step bool, took time.Duration)
+	// ArchiveFailed: archiving a step or a dropped group failed (it stays in the store).
+	ArchiveFailed(step bool)
+}
+
+// ArchiveStatus is the archiver's part of the status (docs/control.md): what it did
+// since floe started and what keeps failing.
+type ArchiveStatus struct {
+	// StepsArchived and GroupsArchived count the steps and dropped groups archived.
+	StepsArchived  int `json:"steps_archived"`
+	GroupsArchived int `json:"dropped_groups_archived"`
+	// Failures counts failed attempts; Failing lists what failed at its last attempt
+	// ("step 12", "dropped group g7"), oldest first, with LastError the latest error.
+	Failures  int      `json:"failures"`
+	Failing   []string `json:"failing,omitempty"`
+	LastError string   `json:"last_error,omitempty"`
+}
+
+// archiveFailure is a step or group that failed: tried again after next.
+type archiveFailure struct {
+	count int
+	first time.Time
+	next  time.Time
+}
+
+// Status is what the archiver did and what is failing.
+func (a *Archiver) Status() ArchiveStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.status
+	type f struct {
+		what  string
+		first time.Time
+	}
+	var fs []f
+	for what, af := range a.failing {
+		fs = append(fs, f{what, af.first})
+	}
+	slices.SortFunc(fs, func(x, y f) int { return x.first.Compare(y.first) })
+	for _, x := range fs {
+		st.Failing = append(st.Failing, x.what)
+	}
+	return st
+}
+
+// due says whether what may be tried now (it has not failed, or its wait is over).
+func (a *Archiver) due(what string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f := a.failing[what]
+	return f == nil || !a.clock().Before(f.next)
+}
+
+func (a *Archiver) clock() time.Time {
+	if a.now == nil {
+		return time.Now()
+	}
+	return a.now()
+}
+
+// outcome records how archiving what went: err nil, done; otherwise a failure, logged,
+// counted, and what waits before it is tried again.
+func (a *Archiver) outcome(what string, step bool, took time.Duration, err error) {
+	a.mu.Lock()
+	if err == nil {
+		delete(a.failing, what)
+		if step {
+			a.status.StepsArchived++
+		} else {
+			a.status.GroupsArchived++
+		}
+	} else {
+		f := a.failing[what]
+		if f == nil {
+			if a.failing == nil {
+				a.failing = map[string]*archiveFailure{}
+			}
+			f = &archiveFailure{first: a.clock()}
+			a.failing[what] = f
+		}
+		f.count++
+		wait, most := a.RetryAfter, a.MaxRetryAfter
+		if wait <= 0 {
+			wait = time.Minute
+		}
+		if most <= 0 {
+			most = 30 * time.Minute
+		}
+		for range min(f.count-1, 16) {
+			wait = min(2*wait, most)
+		}
+		f.next = a.clock().Add(wait)
+		a.status.Failures++
+		// The first line: a panic's stack stays in the log, out of the status.
+		a.status.LastError, _, _ = strings.Cut(err.Error(), "\n")
+		a.Log.Error("archiving failed (it stays in the store and is tried again; the others go on)", "what", what,
+			"failures_in_a_row", f.count, "retry_in", wait, "err", err)
+	}
+	a.mu.Unlock()
+	if a.Metrics == nil {
+		return
+	}
+	if err == nil {
+		a.Metrics.StepArchived(step, took)
+	} else {
+		a.Metrics.ArchiveFailed(step)
+	}
 }
 
 // Kick asks Run to archive the steps committed since; it never blocks.
@@ -67,14 +205,14 @@ func (a *Archiver) Kick() {
 
 // Run archives the committed steps left in the store (those a crash or a floe without
 // archiving left), then each step as it is committed (Kick), until ctx ends. A step that
-// fails to archive stays in the store and is tried again at the next kick or tick;
-// nothing is lost, and training goes on.
+// fails to archive stays in the store and is tried again later (RetryAfter), while the
+// steps after it are archived; nothing is lost, and training goes on.
 func (a *Archiver) Run(ctx context.Context) error {
 	tick := time.NewTicker(time.Minute)
 	defer tick.Stop()
 	for {
-		if _, err := a.ArchiveCommitted(); err != nil {
-			a.Log.Error("archiving committed steps (they stay in the store and are tried again)", "err", err)
+		if _, err := a.ArchiveCommitted(ctx); err != nil && ctx.Err() == nil {
+			a.Log.Error("archiving committed steps (what failed stays in the store and is tried again)", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -87,36 +225,61 @@ func (a *Archiver) Run(ctx context.Context) error {
 
 // ArchiveCommitted archives every committed step still in the store, in order, and
 // every dropped group (never trained, so final too), then compacts the store when the
-// policy says it pays. It returns the steps archived.
-func (a *Archiver) ArchiveCommitted() ([]int64, error) {
+// policy says it pays. A step or group that fails is skipped (and left for a while,
+// RetryAfter) so that it never holds back the others; the error says what failed. ctx
+// is checked between steps and between groups: a SIGTERM during a backlog returns
+// promptly, leaving the rest for the next start. It returns the steps archived.
+func (a *Archiver) ArchiveCommitted(ctx context.Context) ([]int64, error) {
 	steps, err := a.Store.ArchivableSteps()
 	if err != nil {
 		return nil, fmt.Errorf("listing committed steps: %w", err)
 	}
 	var done []int64
+	var errs []error
 	for _, n := range steps {
-		if err := a.archiveStep(n); err != nil {
+		if err := ctx.Err(); err != nil {
 			return done, err
+		}
+		what := fmt.Sprintf("step %d", n)
+		if !a.due(what) {
+			continue
+		}
+		began := time.Now()
+		err := safely("archiving "+what, func() error { return a.archiveStep(ctx, n) })
+		if ctx.Err() != nil {
+			return done, errors.Join(append(errs, ctx.Err())...)
+		}
+		a.outcome(what, true, time.Since(began), err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		done = append(done, n)
 	}
-	dropped, err := a.archiveDropped()
+	var dropped int
+	err = safely("archiving dropped groups", func() (err error) { dropped, err = a.archiveDropped(ctx); return err })
 	if err != nil {
-		return done, err
+		errs = append(errs, err)
+	}
+	if ctx.Err() != nil {
+		return done, errors.Join(append(errs, ctx.Err())...)
 	}
 	if len(done) == 0 && dropped == 0 {
-		return done, nil
+		return done, errors.Join(errs...)
 	}
-	c, err := a.Store.CompactIfWorth(a.Compact)
+	p := a.Compact
+	p.LiveFloor = max(p.LiveFloor, a.live.max())
+	c, err := a.Store.CompactIfWorth(p)
 	if err != nil {
-		return done, err
+		return done, errors.Join(append(errs, err)...)
 	}
+	a.live.add(c.LiveBytes)
 	if c.Compacted {
 		a.Log.Info("store compacted", "before_bytes", c.BeforeBytes, "after_bytes", c.AfterBytes, "live_bytes", c.LiveBytes,
 			"took", c.Took.Round(time.Millisecond))
 	}
 	a.stage("compacted")
-	return done, nil
+	return done, errors.Join(errs...)
 }
 
 func (a *Archiver) stage(s string) {
@@ -125,75 +288,159 @@ func (a *Archiver) stage(s string) {
 	}
 }
 
-// archiveStep writes step n to the archive and then forgets it in the store.
-func (a *Archiver) archiveStep(n int64) error {
+// safely runs archiving work fn, turning a panic in it into an error: a step that
+// cannot be archived must cost floe that step's archiving (it stays in the store, and
+// is tried again), never the process, which would die again on the same step at every
+// restart.
+func safely(what string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%s: panic: %v\n%s", what, r, debug.Stack())
+		}
+	}()
+	return fn()
+}
+
+// archiveStep writes step n to the archive, reading and writing its calls one at a time
+// (a session of any length is never in memory whole), and then forgets it in the store.
+func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 	began := time.Now()
-	sc, err := a.Store.CommittedStep(n)
+	sc, err := a.Store.CommittedStepHead(n)
 	if err != nil {
 		return fmt.Errorf("archiving step %d: %w", n, err)
 	}
-	st := &archive.Step{Record: sc.Record, Committed: sc.CommittedAt, Groups: sc.Groups,
-		Sessions: make(map[string]archive.SessionInfo, len(sc.Times))}
 	calls := 0
-	for gi := range sc.Groups {
-		adv := a.advantages(sc.Groups[gi])
-		// The archive says which calls the step trained on: those of a failed or timed-out
-		// session, or sampled by a policy older than the step's cut-off, were not, although
-		// the store recorded them trainable. usable marks them as the step former did; it
-		// keeps every session (no -drop-failed here), since all of them are archived.
-		sc.Groups[gi], _ = Config{}.usable(sc.Groups[gi], sc.Record.MinPolicyVersion)
-		for _, s := range sc.Groups[gi].Sessions {
-			info := archive.SessionInfo{Created: sc.Times[s.ID].Created, Finished: sc.Times[s.ID].Finished}
-			if v, ok := adv[s.ID]; ok {
-				info.Advantage = &v
+	rows := func(r *archive.Rows) error {
+		for _, gid := range sc.Record.Groups {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
-			st.Sessions[s.ID] = info
-			calls += len(s.Calls)
+			g, times, err := a.Store.StepGroupSessions(gid)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", n, err)
+			}
+			adv := a.advantages(g)
+			for si := range g.Sessions {
+				s := &g.Sessions[si]
+				k := 0
+				err := a.Store.EachCall(s.ID, func(c *trace.Call) error {
+					k++
+					return r.Call(g.ID, s.TaskID, trainedAs(s, c, sc.Record.MinPolicyVersion))
+				})
+				if err != nil {
+					return fmt.Errorf("step %d: group %s: %w", n, gid, err)
+				}
+				si := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
+				if v, ok := adv[s.ID]; ok {
+					si.Advantage = &v
+				}
+				r.Session(g.ID, s, k, si)
+				calls += k
+			}
 		}
+		return nil
 	}
-	if err := archive.WriteStep(a.Dir, st, a.Mem, func(s archive.Stage) { a.stage(string(s)) }); err != nil {
-		return err
+	// A step marked files-written has complete files, and may have lost some groups to a
+	// crash while it was being forgotten: it is not written again, only forgotten.
+	if !sc.FilesWritten {
+		opt := a.Write
+		opt.At = func(s archive.Stage) { a.stage(string(s)) }
+		if err := archive.WriteStepRows(a.Dir, archive.StepHead{Record: sc.Record, Committed: sc.CommittedAt}, rows, a.Mem, opt); err != nil {
+			return err
+		}
+		if err := a.Store.MarkStepFilesWritten(n); err != nil {
+			return fmt.Errorf("archived step %d, marking it so: %w", n, err)
+		}
+		a.stage("files-marked")
+	}
+	// One write per group, so the proxy's writes never wait behind a whole step.
+	for _, gid := range sc.Record.Groups {
+		if err := ctx.Err(); err != nil {
+			return err // the step is marked files-written: the next start finishes it
+		}
+		if err := a.Store.ForgetStepGroup(n, gid); err != nil {
+			return fmt.Errorf("archived step %d, removing group %s from the store: %w", n, gid, err)
+		}
+		a.stage("group-forgotten")
 	}
 	if err := a.Store.ForgetStep(n); err != nil {
 		return fmt.Errorf("archived step %d, removing it from the store: %w", n, err)
 	}
 	a.stage("forgotten")
-	a.Log.Info("step archived", "step", n, "groups", len(sc.Groups), "calls", calls, "dir", a.Dir,
+	a.Log.Info("step archived", "step", n, "groups", len(sc.Record.Groups), "calls", calls, "dir", a.Dir,
 		"took", time.Since(began).Round(time.Millisecond))
 	return nil
 }
 
-// archiveDropped archives and forgets the dropped groups in the store; it returns how
-// many.
-func (a *Archiver) archiveDropped() (int, error) {
+// archiveDropped archives and forgets the dropped groups in the store, skipping one that
+// failed (tried again later) so that it never holds back the others; it returns how many
+// it archived.
+func (a *Archiver) archiveDropped(ctx context.Context) (int, error) {
 	gs, err := a.Store.Groups()
 	if err != nil {
 		return 0, fmt.Errorf("listing groups: %w", err)
 	}
 	n := 0
+	var errs []error
 	for _, gs := range gs {
 		if !gs.Dropped || gs.Step >= 0 {
 			continue
 		}
-		g, reason, times, err := a.Store.DroppedGroup(gs.ID)
-		if err != nil {
-			return n, fmt.Errorf("archiving dropped group %s: %w", gs.ID, err)
-		}
-		info := make(map[string]archive.SessionInfo, len(times))
-		for sid, t := range times {
-			info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
-		}
-		if err := archive.WriteDroppedGroup(a.Dir, &g, reason, info, a.Mem, func(s archive.Stage) { a.stage("dropped-" + string(s)) }); err != nil {
+		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		if err := a.Store.ForgetDroppedGroup(gs.ID); err != nil {
-			return n, fmt.Errorf("archived dropped group %s, removing it from the store: %w", gs.ID, err)
+		what := "dropped group " + gs.ID
+		if !a.due(what) {
+			continue
 		}
-		a.stage("dropped-forgotten")
-		a.Log.Info("dropped group archived", "group", gs.ID, "reason", reason, "dir", a.Dir)
+		began := time.Now()
+		err := safely("archiving "+what, func() error { return a.archiveDroppedGroup(gs.ID) })
+		a.outcome(what, false, time.Since(began), err)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		n++
 	}
-	return n, nil
+	return n, errors.Join(errs...)
+}
+
+// archiveDroppedGroup writes dropped group id to the archive, then forgets it.
+func (a *Archiver) archiveDroppedGroup(id string) error {
+	d, err := a.Store.DroppedGroup(id)
+	if err != nil {
+		return fmt.Errorf("archiving dropped group %s: %w", id, err)
+	}
+	info := make(map[string]archive.SessionInfo, len(d.Times))
+	for sid, t := range d.Times {
+		info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
+	}
+	if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(id, d.Seq), &d.Group, d.Reason, info, a.Mem, a.dropOpts()); err != nil {
+		return err
+	}
+	if err := a.Store.ForgetDroppedGroup(id); err != nil {
+		return fmt.Errorf("archived dropped group %s, removing it from the store: %w", id, err)
+	}
+	a.stage("dropped-forgotten")
+	a.Log.Info("dropped group archived", "group", id, "reason", d.Reason, "dir", a.Dir)
+	return nil
+}
+
+func (a *Archiver) dropOpts() archive.WriteOptions {
+	opt := a.Write
+	opt.At = func(s archive.Stage) { a.stage("dropped-" + string(s)) }
+	return opt
+}
+
+// trainedAs is call c of session s as the step trained on it: the archive says which
+// calls the step trained on, and those of a failed or timed-out session, or sampled by a
+// policy older than the step's cut-off, were not, although the store recorded them
+// trainable. usable marks them as the step former did (no -drop-failed here: every
+// session is archived).
+func trainedAs(s *trace.Session, c *trace.Call, minVersion int64) *trace.Call {
+	one := trace.Group{Sessions: []trace.Session{{ID: s.ID, Status: s.Status, Calls: []trace.Call{*c}}}}
+	u, _ := Config{}.usable(one, minVersion)
+	return &u.Sessions[0].Calls[0]
 }
 
 // advantages are group g's sessions' advantages as the step former's examination
@@ -231,4 +478,27 @@ func cloneCalls(g trace.Group) trace.Group {
 		g.Sessions[i].Calls = slices.Clone(g.Sessions[i].Calls)
 	}
 	return g
+}
+
+// liveWindowLen is how many archiving passes the compaction's hysteresis remembers.
+const liveWindowLen = 16
+
+// liveWindow holds the latest live sizes of the store, up to liveWindowLen.
+type liveWindow struct {
+	vals [liveWindowLen]int64
+	n    int // values added, ever
+}
+
+func (w *liveWindow) add(v int64) {
+	w.vals[w.n%liveWindowLen] = v
+	w.n++
+}
+
+// max is the largest live size remembered (0 for none).
+func (w *liveWindow) max() int64 {
+	var m int64
+	for _, v := range w.vals[:min(w.n, liveWindowLen)] {
+		m = max(m, v)
+	}
+	return m
 }

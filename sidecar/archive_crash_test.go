@@ -2,8 +2,10 @@ package sidecar
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"strconv"
@@ -54,7 +56,7 @@ func archiveCrashChild(dir, stage string, nth int) {
 			}
 		}
 	}
-	if _, err := a.ArchiveCommitted(); err != nil {
+	if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
@@ -63,13 +65,17 @@ func archiveCrashChild(dir, stage string, nth int) {
 }
 
 // TestArchiveCrash kills an archiving process with SIGKILL at each stage of archiving a
-// step (after its calls file, its sessions file, its step file, after the store forgot
-// it, after compaction), restarts, and checks that the archive then holds every call
+// step (after its calls file, its sessions file, its step file, after the store marked
+// its files written, after it forgot its group, after it forgot the step), at each stage
+// of archiving a dropped group (after its calls file, its sessions file, after the store
+// forgot it) and after compaction, restarts, and checks that the archive then holds every call
 // exactly once, the store none, the archived keys are refused, and the committed steps
 // stay committed.
 func TestArchiveCrash(t *testing.T) {
 	const steps = 3
-	for _, stage := range []string{string(archive.StageCalls), string(archive.StageSessions), string(archive.StageSteps), "forgotten", "compacted"} {
+	for _, stage := range []string{string(archive.StageCalls), string(archive.StageSessions), string(archive.StageSteps), "files-marked",
+		"group-forgotten", "forgotten", "dropped-" + string(archive.StageCalls), "dropped-" + string(archive.StageSessions),
+		"dropped-forgotten", "compacted"} {
 		t.Run(stage, func(t *testing.T) {
 			dir := t.TempDir()
 			s, err := bolt.New(dir, bolt.Options{})
@@ -85,9 +91,12 @@ func TestArchiveCrash(t *testing.T) {
 				}
 				keys = append(keys, ks...)
 			}
+			// Two dropped groups, archived after the steps.
+			dropped := recordDroppedGroup(t, s, "gd0")
+			maps.Copy(dropped, recordDroppedGroup(t, s, "gd1"))
 			s.Close()
 
-			nth := 2 // in the second step: the first is archived whole before
+			nth := 2 // in the second step or dropped group: the first is archived whole before
 			if stage == "compacted" {
 				nth = 1 // once, after the last step
 			}
@@ -125,12 +134,13 @@ func TestArchiveCrash(t *testing.T) {
 			}
 			defer s.Close()
 			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
-			if _, err := a.ArchiveCommitted(); err != nil { // floe serve's start
+			if _, err := a.ArchiveCommitted(context.Background()); err != nil { // floe serve's start
 				t.Fatal(err)
 			}
 			checkArchive(t, dir+"/archive", recorded, steps, mem)
+			checkDropped(t, dir+"/archive", dropped, mem)
 			u, err := s.Usage()
-			if err != nil || u.Calls != 0 || u.Sessions != 0 || u.ArchivedCalls != len(recorded) {
+			if err != nil || u.Calls != 0 || u.Sessions != 0 || u.ArchivedCalls != len(recorded)+len(dropped) {
 				t.Fatalf("store after restart: %+v %v", u, err)
 			}
 			for _, k := range keys {

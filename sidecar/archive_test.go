@@ -129,7 +129,7 @@ func recordStep(t *testing.T, s *bolt.Store, k int) (map[callKey]trace.Call, []s
 }
 
 // checkArchive reads the archive under dir back and checks it holds every call of
-// recorded exactly once, token for token, and one session and step row per session and
+// recorded exactly once (dropped groups' rows aside), token for token, and one session and step row per session and
 // step, with the advantages the batcher computes.
 func checkArchive(t *testing.T, dir string, recorded map[callKey]trace.Call, steps int, mem memory.Allocator) {
 	t.Helper()
@@ -139,6 +139,9 @@ func checkArchive(t *testing.T, dir string, recorded map[callKey]trace.Call, ste
 	}
 	seen := map[callKey]bool{}
 	for _, r := range rows {
+		if r.Step == nil {
+			continue // a dropped group's (checkDropped)
+		}
 		k := callKey{r.SessionID, r.Index, r.Choice}
 		if seen[k] {
 			t.Fatalf("call %+v archived twice", k)
@@ -162,6 +165,7 @@ func checkArchive(t *testing.T, dir string, recorded map[callKey]trace.Call, ste
 	if err != nil {
 		t.Fatal(err)
 	}
+	sess = slices.DeleteFunc(sess, func(r archive.SessionRow) bool { return r.Step == nil })
 	if len(sess) != steps*boundSessions {
 		t.Fatalf("%d sessions archived, want %d", len(sess), steps*boundSessions)
 	}
@@ -214,7 +218,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 					recorded[ck] = c
 				}
 				if archiving {
-					done, err := a.ArchiveCommitted()
+					done, err := a.ArchiveCommitted(context.Background())
 					if err != nil || !slices.Equal(done, []int64{int64(k)}) {
 						t.Fatalf("step %d: archived %v, %v", k, done, err)
 					}
@@ -237,7 +241,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 				}
 				// Archiving turned on for a store that grew without it: everything goes to
 				// the archive and the file is compacted under the bound.
-				done, err := a.ArchiveCommitted()
+				done, err := a.ArchiveCommitted(context.Background())
 				if err != nil || len(done) != boundSteps {
 					t.Fatalf("archived %d steps, %v", len(done), err)
 				}
@@ -371,14 +375,10 @@ func TestArchiveDroppedGroups(t *testing.T) {
 						panic(errCrash)
 					}
 				}
-				func() {
-					defer func() {
-						if r := recover(); r != errCrash {
-							t.Fatalf("archiving did not reach %s: %v", killAt, r)
-						}
-					}()
-					a.ArchiveCommitted()
-				}()
+				// The archiver turns the panic into the pass's error (as it does any panic).
+				if _, err := a.ArchiveCommitted(context.Background()); err == nil || !strings.Contains(err.Error(), "panic: "+errCrash.Error()) {
+					t.Fatalf("archiving did not reach %s: %v", killAt, err)
+				}
 				if err := s.Close(); err != nil {
 					t.Fatal(err)
 				}
@@ -387,7 +387,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 				}
 			}
 			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
-			if _, err := a.ArchiveCommitted(); err != nil {
+			if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			rows, err := archive.ReadCalls(dir+"/archive", mem)
@@ -479,7 +479,7 @@ func TestArchiveSaysWhichCallsTrained(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DropFailed = true // the failed session leaves the group, and is archived all the same
 	a := NewArchiver(s, dir+"/archive", cfg, mem, quietLog())
-	if _, err := a.ArchiveCommitted(); err != nil {
+	if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := archive.ReadCalls(dir+"/archive", mem)
@@ -510,5 +510,70 @@ func TestArchiveSaysWhichCallsTrained(t *testing.T) {
 		if (r.Session.ID == "failed") != (r.Advantage == nil) {
 			t.Fatalf("session %s: advantage %v (only the session -drop-failed dropped has none)", r.Session.ID, r.Advantage)
 		}
+	}
+}
+
+// recordDroppedGroup records group gid of two failed sessions of one call each and drops
+// it, as the step former does; it returns the calls.
+func recordDroppedGroup(t *testing.T, s *bolt.Store, gid string) map[callKey]trace.Call {
+	t.Helper()
+	out := map[callKey]trace.Call{}
+	for i := range 2 {
+		sid := fmt.Sprintf("%s-s%d", gid, i)
+		if err := s.CreateSession(trace.Session{ID: sid, TaskID: "t" + gid, GroupID: gid}, "key-"+sid, 2); err != nil {
+			t.Fatal(err)
+		}
+		c := trace.Call{SessionID: sid, PromptIDs: []int32{1, 2}, ResponseIDs: []int32{3}, Logprobs: []float32{-1}, Trainable: true}
+		if err := s.Record(context.Background(), &c); err != nil {
+			t.Fatal(err)
+		}
+		out[callKey{sid, 0, 0}] = c
+		if err := s.FinishSession(sid, 0, trace.StatusFailed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DropGroup(gid, "0 usable sessions, fewer than 2"); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkDropped checks the archive under dir holds each call of dropped, once, with a
+// null step, and one session row per session of them with the drop reason.
+func checkDropped(t *testing.T, dir string, dropped map[callKey]trace.Call, mem memory.Allocator) {
+	t.Helper()
+	rows, err := archive.ReadCalls(dir, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[callKey]bool{}
+	for _, r := range rows {
+		if r.Step != nil {
+			continue
+		}
+		k := callKey{r.SessionID, r.Index, r.Choice}
+		if _, ok := dropped[k]; !ok || seen[k] {
+			t.Fatalf("dropped call %+v: recorded %v, seen before %v", k, ok, seen[k])
+		}
+		seen[k] = true
+	}
+	if len(seen) != len(dropped) {
+		t.Fatalf("%d dropped calls archived, want %d", len(seen), len(dropped))
+	}
+	sess, err := archive.ReadSessions(dir, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range sess {
+		if r.Step == nil {
+			n++
+			if r.DropReason == "" || r.Advantage != nil {
+				t.Fatalf("dropped session row %+v", r)
+			}
+		}
+	}
+	if n != len(dropped) { // one call per session
+		t.Fatalf("%d dropped session rows, want %d", n, len(dropped))
 	}
 }

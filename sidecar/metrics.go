@@ -34,9 +34,13 @@ type Metrics struct {
 	stepsFormed    *prometheus.CounterVec
 	stepFormation  prometheus.Histogram
 	stepsCommitted prometheus.Counter
-	flightBytes    prometheus.Counter
-	flightBatches  prometheus.Counter
-	flightRows     prometheus.Counter
+
+	archived        *prometheus.CounterVec
+	archiveFailures *prometheus.CounterVec
+	archiveTime     prometheus.Histogram
+	flightBytes     prometheus.Counter
+	flightBatches   prometheus.Counter
+	flightRows      prometheus.Counter
 
 	budget           prometheus.Gauge
 	fill, imbalance  prometheus.Gauge
@@ -87,6 +91,11 @@ func NewMetrics(st State) *Metrics {
 	m.stepFormation = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_step_formation_seconds",
 		Help: "Time to form a step: reconstruction, advantages, packing and encoding each rank's first micro-batch.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
 	m.stepsCommitted = f.counter("floe_steps_committed_total", "Steps committed by the trainer.")
+	m.archived = f.counterVec("floe_archive_steps_total", "Committed steps (kind=step) and dropped groups (kind=dropped_group) moved from the store into the Parquet archive.", "kind")
+	m.archiveFailures = f.counterVec("floe_archive_failures_total", "Failed attempts to archive a committed step (kind=step) or a dropped group (kind=dropped_group); each stays in the store and is tried again.", "kind")
+	m.archiveTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_archive_seconds",
+		Help: "Time to archive one committed step or dropped group: writing its Parquet files and removing it from the store.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
+	m.reg.MustRegister(m.archiveTime)
 	m.flightBytes = f.counter("floe_flight_bytes_sent_total", "Bytes of micro-batch FlightData messages sent over Flight.")
 	m.flightBatches = f.counter("floe_flight_micro_batches_served_total", "Micro-batches sent over Flight.")
 	m.flightRows = f.counter("floe_flight_rows_sent_total", "Rows (tokens, padding included) of the micro-batches sent over Flight.")
@@ -185,6 +194,24 @@ func (m *Metrics) Failed(api string, kind proxy.ErrorKind) {
 
 func (m *Metrics) sessionFinished(status trace.Status) {
 	m.finished.WithLabelValues(string(status)).Inc()
+}
+
+func archiveKind(step bool) string {
+	if step {
+		return "step"
+	}
+	return "dropped_group"
+}
+
+// StepArchived counts a step or dropped group archived (ArchiveMetrics).
+func (m *Metrics) StepArchived(step bool, took time.Duration) {
+	m.archived.WithLabelValues(archiveKind(step)).Inc()
+	m.archiveTime.Observe(took.Seconds())
+}
+
+// ArchiveFailed counts a failed attempt to archive (ArchiveMetrics).
+func (m *Metrics) ArchiveFailed(step bool) {
+	m.archiveFailures.WithLabelValues(archiveKind(step)).Inc()
 }
 
 func (m *Metrics) groupTimedOut()           { m.timedOut.Inc() }

@@ -357,6 +357,11 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
 		gate: gate, metrics: metrics, exams: map[string]*examined{}}
+	var archiver *Archiver
+	if cfg.Archive {
+		archiver = NewArchiver(store, cfg.archiveDir(), cfg, mem, log)
+		archiver.Metrics = metrics
+	}
 	describe := func(st *Status) {
 		steps.describe(st)
 		st.DroppedGroups = former.droppedGroups()
@@ -365,6 +370,10 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 			st.Store = &u // what the durable store holds and costs on disk
 		} else {
 			log.Warn("measuring the store", "err", err)
+		}
+		if archiver != nil {
+			a := archiver.Status()
+			st.Archive = &a
 		}
 	}
 	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
@@ -376,10 +385,6 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
-	var archiver *Archiver
-	if cfg.Archive {
-		archiver = NewArchiver(store, cfg.archiveDir(), cfg, mem, log)
-	}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err

@@ -35,6 +35,9 @@ type Status struct {
 	Upstreams []proxy.ReplicaStatus `json:"upstreams,omitempty"`
 	// Store is what the durable store holds and costs on disk.
 	Store *bolt.Usage `json:"store,omitempty"`
+	// Archive is what the archiver did since floe started and what keeps failing; absent
+	// with -archive=false.
+	Archive *ArchiveStatus `json:"archive,omitempty"`
 }
 
 // DroppedGroup is a group set aside without training: its id, the reason's class (as in

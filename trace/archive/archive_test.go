@@ -225,7 +225,7 @@ func TestWriteDroppedGroup(t *testing.T) {
 	g := st.Groups[1]
 	g.ID = "weird/id with spaces"
 	for range 2 {
-		if err := WriteDroppedGroup(root, &g, "1 usable session, fewer than 2", nil, mem, nil); err != nil {
+		if err := WriteDroppedGroup(root, DroppedDir(g.ID, 3), &g, "1 usable session, fewer than 2", nil, mem, WriteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -247,7 +247,7 @@ func TestWriteDroppedGroup(t *testing.T) {
 		t.Fatalf("%d sessions (%v)", len(sess), err)
 	}
 	last := sess[len(sess)-1]
-	if _, err := os.Stat(DroppedDir(root, SessionsTable, g.ID)); err != nil {
+	if _, err := os.Stat(filepath.Join(root, SessionsTable, DroppedDir(g.ID, 3))); err != nil {
 		t.Fatal(err)
 	}
 	found := false

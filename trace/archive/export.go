@@ -25,6 +25,15 @@ const (
 // CallsSchema at path, in row groups of bounded size, atomically (WriteFileAtomic): an
 // export that fails or is killed leaves no partial file.
 func WriteCalls(path string, mem memory.Allocator, produce func(AddCall) error) error {
+	if err := writeCallsFile(path, mem, WriteOptions{}.withDefaults(), produce); err != nil {
+		return fmt.Errorf("writing calls: %w", err)
+	}
+	return nil
+}
+
+// writeCallsFile streams the calls produce hands to its AddCall into path through one
+// Parquet writer, writing a row group whenever opt's bounds are reached.
+func writeCallsFile(path string, mem memory.Allocator, opt WriteOptions, produce func(AddCall) error) error {
 	return WriteFileAtomic(path, func(w io.Writer) error {
 		props, aprops := writerProps(mem)
 		fw, err := pqarrow.NewFileWriter(CallsSchema, w, props, aprops)
@@ -43,7 +52,7 @@ func WriteCalls(path string, mem memory.Allocator, produce func(AddCall) error) 
 		}
 		err = produce(func(step *int64, groupID, taskID string, c *trace.Call) error {
 			cb.Append(step, groupID, taskID, c)
-			if cb.Rows() >= batchRows || cb.Bytes() >= batchBytes {
+			if cb.Rows() >= opt.BatchRows || cb.Bytes() >= opt.BatchBytes {
 				return flush()
 			}
 			return nil
@@ -54,9 +63,6 @@ func WriteCalls(path string, mem memory.Allocator, produce func(AddCall) error) 
 		if cerr := fw.Close(); err == nil {
 			err = cerr
 		}
-		if err != nil {
-			return fmt.Errorf("writing calls: %w", err)
-		}
-		return nil
+		return err
 	})
 }

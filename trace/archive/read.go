@@ -249,7 +249,7 @@ func raw(a arrow.Array, i int) json.RawMessage {
 	if a.IsNull(i) {
 		return nil
 	}
-	return json.RawMessage(a.(*array.String).Value(i))
+	return json.RawMessage(a.(*array.LargeString).Value(i))
 }
 
 func optInt64(a arrow.Array, i int) *int64 {

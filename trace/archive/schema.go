@@ -24,6 +24,10 @@ const (
 var ts = &arrow.TimestampType{Unit: arrow.Microsecond, TimeZone: "UTC"}
 
 // CallsSchema is one row per recorded call (one per choice of an n > 1 request).
+//
+// The JSON columns (request, upstream_request, response) are LargeString, 64-bit
+// offsets: a row group of long agent transcripts passes 2 GiB of JSON, where a String
+// column's 32-bit offsets would wrap.
 var CallsSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "step", Type: arrow.PrimitiveTypes.Int64, Nullable: true}, // null: in no step (floe export)
 	{Name: "group_id", Type: arrow.BinaryTypes.String},
@@ -45,9 +49,9 @@ var CallsSchema = arrow.NewSchema([]arrow.Field{
 	{Name: "finish_reason", Type: arrow.BinaryTypes.String},
 	{Name: "trainable", Type: arrow.FixedWidthTypes.Boolean},
 	{Name: "untrainable_reason", Type: arrow.BinaryTypes.String, Nullable: true},
-	{Name: "request", Type: arrow.BinaryTypes.String, Nullable: true},
-	{Name: "upstream_request", Type: arrow.BinaryTypes.String, Nullable: true},
-	{Name: "response", Type: arrow.BinaryTypes.String, Nullable: true},
+	{Name: "request", Type: arrow.BinaryTypes.LargeString, Nullable: true},
+	{Name: "upstream_request", Type: arrow.BinaryTypes.LargeString, Nullable: true},
+	{Name: "response", Type: arrow.BinaryTypes.LargeString, Nullable: true},
 }, nil)
 
 // SessionsSchema is one row per session of a step's groups (or of a dropped group).

@@ -47,39 +47,80 @@ func PartitionDir(root, table string, n int64) string {
 	return filepath.Join(root, table, fmt.Sprintf("step-%06d", n))
 }
 
-// DroppedDir is the directory of dropped group id's partition of table under root: named
-// by a hash of the id, which may hold any character.
-func DroppedDir(root, table, id string) string {
+// DroppedDir names the partition directory (under each table) of dropped group id, the
+// seq-th group the store dropped: a hash of the id, which may hold any character, and
+// the store's number for the drop, so that a second group of a reused id (one dropped by
+// a floe before ids were kept from reuse) never replaces the first's files, while the
+// same group archived again after a crash replaces its own.
+func DroppedDir(id string, seq uint64) string {
 	h := sha256.Sum256([]byte(id))
-	return filepath.Join(root, table, "dropped-"+hex.EncodeToString(h[:8]))
+	return fmt.Sprintf("dropped-%s-%06d", hex.EncodeToString(h[:8]), seq)
+}
+
+// WriteOptions bound what writing a step or a dropped group holds in memory, and mark
+// its stages for crash tests. The zero value is the production setting.
+type WriteOptions struct {
+	// BatchBytes and BatchRows: the calls gathered are written out as one row group once
+	// they hold this many bytes of JSON and token ids, or this many rows (defaults 64 MiB
+	// and 16,384), so a step of any size streams through a bounded buffer.
+	BatchBytes int64
+	BatchRows  int
+	// At, when set, is called after each file.
+	At func(Stage)
+}
+
+func (o WriteOptions) withDefaults() WriteOptions {
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = batchBytes
+	}
+	if o.BatchRows <= 0 {
+		o.BatchRows = batchRows
+	}
+	if o.At == nil {
+		o.At = func(Stage) {}
+	}
+	return o
+}
+
+// GroupSource hands a step's groups to yield one at a time, in the step's order, each
+// with its sessions' facts; the writer keeps nothing of a group's calls after yield
+// returns, so a source that reads each group from the store when asked keeps one group
+// in memory at a time.
+type GroupSource func(yield func(g *trace.Group, sessions map[string]SessionInfo) error) error
+
+// StepHead is a step's record, without its groups' data.
+type StepHead struct {
+	Record    trace.StepRecord
+	Committed time.Time
 }
 
 // WriteDroppedGroup writes group g, dropped before any step for reason, as WriteStep
 // writes a step: its calls then its sessions, atomically, with a null step and the
-// reason on each session.
-func WriteDroppedGroup(root string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, at func(Stage)) error {
-	if at == nil {
-		at = func(Stage) {}
-	}
-	calls := NewCallsBuilder(mem)
-	defer calls.Release()
+// reason on each session, in partitions named dir (DroppedDir).
+func WriteDroppedGroup(root, dir string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, opt WriteOptions) error {
+	opt = opt.withDefaults()
 	sess := newSessionsBuilder(mem)
 	defer sess.release()
-	for si := range g.Sessions {
-		s := &g.Sessions[si]
-		for ci := range s.Calls {
-			calls.Append(nil, g.ID, s.TaskID, &s.Calls[ci])
+	err := writeCallsFile(filepath.Join(root, CallsTable, dir, PartFile), mem, opt, func(add AddCall) error {
+		for si := range g.Sessions {
+			s := &g.Sessions[si]
+			for ci := range s.Calls {
+				if err := add(nil, g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+					return err
+				}
+			}
+			sess.append(nil, g.ID, s, len(s.Calls), sessions[s.ID], reason)
 		}
-		sess.append(nil, g.ID, s, sessions[s.ID], reason)
-	}
-	if err := writeRecord(DroppedDir(root, CallsTable, g.ID), calls.b, mem); err != nil {
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("archive dropped group %s calls: %w", g.ID, err)
 	}
-	at(StageCalls)
-	if err := writeRecord(DroppedDir(root, SessionsTable, g.ID), sess.b, mem); err != nil {
+	opt.At(StageCalls)
+	if err := writeRecord(filepath.Join(root, SessionsTable, dir), sess.b, mem); err != nil {
 		return fmt.Errorf("archive dropped group %s sessions: %w", g.ID, err)
 	}
-	at(StageSessions)
+	opt.At(StageSessions)
 	return nil
 }
 
@@ -92,49 +133,91 @@ const (
 	StageSteps    Stage = "steps-written"
 )
 
-// WriteStep writes step st's three partition files under root: its calls, its sessions,
-// then its step row (last, so a step row means its other files are complete). Each file
-// is written to a hidden temporary name, fsynced and renamed over the final name, and
-// its directory fsynced: after a crash a file is whole or absent, and writing a step
-// again replaces its files rather than adding rows. at, when set, is called after each
-// file.
+// WriteStep writes step st, held in memory, as WriteStepGroups does.
 func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) error {
-	if at == nil {
-		at = func(Stage) {}
-	}
-	n := st.Record.N
-	calls := NewCallsBuilder(mem)
-	defer calls.Release()
-	sess := newSessionsBuilder(mem)
-	defer sess.release()
-	nSessions, nCalls := 0, 0
-	for gi := range st.Groups {
-		g := &st.Groups[gi]
-		for si := range g.Sessions {
-			s := &g.Sessions[si]
-			nSessions++
-			for ci := range s.Calls {
-				calls.Append(&n, g.ID, s.TaskID, &s.Calls[ci])
-				nCalls++
+	return WriteStepGroups(root, StepHead{Record: st.Record, Committed: st.Committed}, func(yield func(*trace.Group, map[string]SessionInfo) error) error {
+		for gi := range st.Groups {
+			if err := yield(&st.Groups[gi], st.Sessions); err != nil {
+				return err
 			}
-			sess.append(&n, g.ID, s, st.Sessions[s.ID], "")
 		}
-	}
-	if err := writeRecord(PartitionDir(root, CallsTable, n), calls.b, mem); err != nil {
+		return nil
+	}, mem, WriteOptions{At: at})
+}
+
+// WriteStepGroups writes step head's files (WriteStepRows) from groups, each held whole
+// in memory while it is written.
+func WriteStepGroups(root string, head StepHead, groups GroupSource, mem memory.Allocator, opt WriteOptions) error {
+	return WriteStepRows(root, head, func(r *Rows) error {
+		return groups(func(g *trace.Group, info map[string]SessionInfo) error {
+			for si := range g.Sessions {
+				s := &g.Sessions[si]
+				for ci := range s.Calls {
+					if err := r.Call(g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+						return err
+					}
+				}
+				r.Session(g.ID, s, len(s.Calls), info[s.ID])
+			}
+			return nil
+		})
+	}, mem, opt)
+}
+
+// Rows takes a step's rows as its source reads them (WriteStepRows): each call is
+// appended to the calls being written and not kept.
+type Rows struct {
+	step      *int64
+	add       AddCall
+	sess      *sessionsBuilder
+	nSessions int
+	nCalls    int
+}
+
+// Call adds call c of group groupID (task taskID).
+func (r *Rows) Call(groupID, taskID string, c *trace.Call) error {
+	r.nCalls++
+	return r.add(r.step, groupID, taskID, c)
+}
+
+// Session adds session s of group groupID (its calls, if any, are not read: calls is how
+// many it has).
+func (r *Rows) Session(groupID string, s *trace.Session, calls int, info SessionInfo) {
+	r.nSessions++
+	r.sess.append(r.step, groupID, s, calls, info, "")
+}
+
+// WriteStepRows writes step head's three partition files under root: its calls, its
+// sessions, then its step row (last, so a step row means its other files are complete).
+// source hands the step's calls and sessions to its Rows; the calls stream into one
+// file, a row group whenever opt's bounds are reached, so a step's size never decides
+// what is held in memory. Each file is written to a hidden temporary name, fsynced and
+// renamed over the final name, and its directory fsynced: after a crash a file is whole
+// or absent, and writing a step again replaces its files rather than adding rows.
+func WriteStepRows(root string, head StepHead, source func(*Rows) error, mem memory.Allocator, opt WriteOptions) error {
+	opt = opt.withDefaults()
+	n := head.Record.N
+	r := &Rows{step: &n, sess: newSessionsBuilder(mem)}
+	defer r.sess.release()
+	err := writeCallsFile(filepath.Join(PartitionDir(root, CallsTable, n), PartFile), mem, opt, func(add AddCall) error {
+		r.add = add
+		return source(r)
+	})
+	if err != nil {
 		return fmt.Errorf("archive step %d calls: %w", n, err)
 	}
-	at(StageCalls)
-	if err := writeRecord(PartitionDir(root, SessionsTable, n), sess.b, mem); err != nil {
+	opt.At(StageCalls)
+	if err := writeRecord(PartitionDir(root, SessionsTable, n), r.sess.b, mem); err != nil {
 		return fmt.Errorf("archive step %d sessions: %w", n, err)
 	}
-	at(StageSessions)
+	opt.At(StageSessions)
 	steps := array.NewRecordBuilder(mem, StepsSchema)
 	defer steps.Release()
-	appendStep(steps, st, nSessions, nCalls)
+	appendStep(steps, head, r.nSessions, r.nCalls)
 	if err := writeRecord(PartitionDir(root, StepsTable, n), steps, mem); err != nil {
 		return fmt.Errorf("archive step %d: %w", n, err)
 	}
-	at(StageSteps)
+	opt.At(StageSteps)
 	return nil
 }
 
@@ -294,9 +377,9 @@ func (cb *CallsBuilder) Append(step *int64, groupID, taskID string, c *trace.Cal
 	f[17].(*array.StringBuilder).Append(c.FinishReason)
 	f[18].(*array.BooleanBuilder).Append(c.Trainable)
 	appendString(f[19], c.UntrainableReason)
-	appendString(f[20], string(c.Request))
-	appendString(f[21], string(c.UpstreamRequest))
-	appendString(f[22], string(c.Response))
+	appendLargeString(f[20], c.Request)
+	appendLargeString(f[21], c.UpstreamRequest)
+	appendLargeString(f[22], c.Response)
 	cb.rows++
 	cb.size += int64(len(c.Request)+len(c.UpstreamRequest)+len(c.Response)) + 4*int64(len(c.PromptIDs)+2*len(c.ResponseIDs))
 }
@@ -326,6 +409,15 @@ func appendString(b array.Builder, s string) {
 	b.(*array.StringBuilder).Append(s)
 }
 
+// appendLargeString appends JSON j, or null when there is none.
+func appendLargeString(b array.Builder, j []byte) {
+	if len(j) == 0 {
+		b.AppendNull()
+		return
+	}
+	b.(*array.LargeStringBuilder).Append(string(j))
+}
+
 func appendInt32s(lb *array.ListBuilder, v []int32) {
 	lb.Append(true)
 	lb.ValueBuilder().(*array.Int32Builder).AppendValues(v, nil)
@@ -339,7 +431,7 @@ func newSessionsBuilder(mem memory.Allocator) *sessionsBuilder {
 
 func (sb *sessionsBuilder) release() { sb.b.Release() }
 
-func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session, info SessionInfo, dropReason string) {
+func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session, calls int, info SessionInfo, dropReason string) {
 	f := sb.b.Fields()
 	if step != nil {
 		f[0].(*array.Int64Builder).Append(*step)
@@ -352,13 +444,13 @@ func (sb *sessionsBuilder) append(step *int64, groupID string, s *trace.Session,
 	f[4].(*array.StringBuilder).Append(string(s.Status))
 	f[5].(*array.Float64Builder).Append(s.Reward)
 	appendFloat(f[6], info.Advantage)
-	f[7].(*array.Int32Builder).Append(int32(len(s.Calls)))
+	f[7].(*array.Int32Builder).Append(int32(calls))
 	appendTime(f[8], info.Created)
 	appendTime(f[9], info.Finished)
 	appendString(f[10], dropReason)
 }
 
-func appendStep(b *array.RecordBuilder, st *Step, sessions, calls int) {
+func appendStep(b *array.RecordBuilder, st StepHead, sessions, calls int) {
 	f := b.Fields()
 	f[0].(*array.Int64Builder).Append(st.Record.N)
 	gl := f[1].(*array.ListBuilder)

@@ -1,9 +1,11 @@
 package bolt
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -11,11 +13,14 @@ import (
 	"github.com/floe-rl/floe/trace"
 )
 
-// Retention: once a step is committed and written to the Parquet archive (sidecar), its
-// groups, sessions, calls and keys leave the store in one transaction (ForgetStep), and
-// the step's record shrinks to a tombstone that keeps it committed: the numbering and
-// the exactly-once commit survive, and the archived sessions' keys no longer resolve, so
-// the proxy refuses them as unknown.
+// Retention: once a step is committed and written to the Parquet archive (sidecar), the
+// step is marked files-written (MarkStepFilesWritten), then its groups, with their
+// sessions, calls and keys, leave the store one transaction each (ForgetStep), so that
+// the proxy's writes never wait behind a whole step; last, the step's record shrinks to
+// a tombstone that keeps it committed: the numbering and the exactly-once commit
+// survive, and the archived sessions' keys no longer resolve, so the proxy refuses them
+// as unknown. A crash part way leaves a step marked files-written with some groups
+// gone: it is not written again (its files are complete), only forgotten to the end.
 
 // SessionTimes are when a session was created and finished (zero while running).
 type SessionTimes struct {
@@ -30,6 +35,8 @@ type StepContents struct {
 	// order) and their calls.
 	Groups []trace.Group
 	Times  map[string]SessionTimes // by session id
+	// FilesWritten: the step's archive files are complete; what is left is to forget it.
+	FilesWritten bool
 }
 
 // ArchivableSteps lists the committed steps whose data is still in the store (not yet
@@ -82,6 +89,91 @@ func (s *Store) CommittedStep(n int64) (StepContents, error) {
 	return out, err
 }
 
+// CommittedStepHead reads committed step n's record, without its groups' data: the
+// archiver then reads the groups one at a time (StepGroupSessions, EachCall), so a step
+// of any size is never in memory whole. Errors as CommittedStep's.
+func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
+	var out StepContents
+	err := s.view(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return err
+		}
+		if !sv.Committed || sv.Archived {
+			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
+		}
+		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
+			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
+		return nil
+	})
+	return out, err
+}
+
+// StepGroupSessions reads group gid with its sessions (in creation order) without their
+// calls, and their times: the archiver then reads each session's calls one at a time
+// (EachCall).
+func (s *Store) StepGroupSessions(gid string) (trace.Group, map[string]SessionTimes, error) {
+	var g trace.Group
+	times := map[string]SessionTimes{}
+	err := s.view(func(tx *bolt.Tx) error {
+		b, gi, err := groupBucket(tx, gid)
+		if err != nil {
+			return err
+		}
+		g = trace.Group{ID: gid, TaskID: gi.Task}
+		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+			sess, _, err := readSession(tx, string(sid), false)
+			if err != nil {
+				return err
+			}
+			_, info, err := sessionBucket(tx, string(sid))
+			if err != nil {
+				return err
+			}
+			times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
+			g.Sessions = append(g.Sessions, sess)
+			return nil
+		})
+	})
+	if err != nil {
+		return trace.Group{}, nil, fmt.Errorf("group %s: %w", gid, err)
+	}
+	return g, times, nil
+}
+
+// EachCall calls fn with each call of session sid in order, in one read transaction,
+// decoding one call at a time: a session of any length is never in memory whole (but
+// for its token ids, which later prompts are stored against). fn must not keep c.
+func (s *Store) EachCall(sid string, fn func(c *trace.Call) error) error {
+	return s.view(func(tx *bolt.Tx) error {
+		b, info, err := sessionBucket(tx, sid)
+		if err != nil {
+			return err
+		}
+		var blobs [3][]byte
+		fulls := make([][]int32, 0, info.Stored)
+		cur := b.Bucket(kCalls).Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			seq := len(fulls)
+			if len(k) != 8 || binary.BigEndian.Uint64(k) != uint64(seq) {
+				return fmt.Errorf("%w: session %q: call key %x where seq %d was expected", ErrCorrupt, sid, k, seq)
+			}
+			c, full, err := decodeCall(v, sid, seq, fulls, &blobs)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrCorrupt, err)
+			}
+			fulls = append(fulls, full)
+			if err := fn(&c); err != nil {
+				return err
+			}
+		}
+		if len(fulls) != info.Stored {
+			return fmt.Errorf("%w: session %q: %d calls stored, record says %d", ErrCorrupt, sid, len(fulls), info.Stored)
+		}
+		return nil
+	})
+}
+
 // readGroupWithTimes reads group gid with its sessions and their calls, adding the
 // sessions' times to times.
 func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) (trace.Group, error) {
@@ -109,12 +201,20 @@ func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) 
 	return g, nil
 }
 
+// Dropped is a group dropped before any step, with everything the archive keeps of it.
+type Dropped struct {
+	Group  trace.Group
+	Reason string
+	// Seq numbers it among the groups the store dropped (0: dropped by a floe that did
+	// not number them).
+	Seq   uint64
+	Times map[string]SessionTimes // by session id
+}
+
 // DroppedGroup reads dropped group id with its sessions, their calls and times, and the
 // reason it was dropped. An error for a group not dropped.
-func (s *Store) DroppedGroup(id string) (trace.Group, string, map[string]SessionTimes, error) {
-	var g trace.Group
-	var reason string
-	times := map[string]SessionTimes{}
+func (s *Store) DroppedGroup(id string) (Dropped, error) {
+	d := Dropped{Times: map[string]SessionTimes{}}
 	err := s.view(func(tx *bolt.Tx) error {
 		_, gi, err := groupBucket(tx, id)
 		if err != nil {
@@ -123,11 +223,39 @@ func (s *Store) DroppedGroup(id string) (trace.Group, string, map[string]Session
 		if !gi.Dropped || gi.Step >= 0 {
 			return fmt.Errorf("group %q is not dropped", id)
 		}
-		reason = gi.DropReason
-		g, err = readGroupWithTimes(tx, id, times)
+		d.Reason, d.Seq = gi.DropReason, gi.DropSeq
+		d.Group, err = readGroupWithTimes(tx, id, d.Times)
 		return err
 	})
-	return g, reason, times, err
+	return d, err
+}
+
+// Tombstones: a group or session id forgotten once archived is kept as the kind and
+// 16 bytes of its SHA-256 (tombKeyBytes, whatever the id's length), so that creating a
+// session with that id, or in that group, is refused as a closed group is: a reused
+// group id would train again, and its archive rows would mix two groups.
+const (
+	tombGroup   byte = 'g'
+	tombSession byte = 's'
+	// tombKeyBytes is a tombstone's key; its value is one byte, and bbolt adds 16 bytes
+	// of leaf header: 34 bytes a forgotten id.
+	tombKeyBytes = 1 + 16
+)
+
+func tombKey(kind byte, id string) []byte {
+	h := sha256.Sum256([]byte(id))
+	return append([]byte{kind}, h[:tombKeyBytes-1]...)
+}
+
+// forgotten says whether id of kind was forgotten (a store opened read-only from before
+// tombstones has none).
+func forgotten(tx *bolt.Tx, kind byte, id string) bool {
+	b := tx.Bucket(bForgotten)
+	return b != nil && b.Get(tombKey(kind, id)) != nil
+}
+
+func bury(tx *bolt.Tx, kind byte, id string) error {
+	return tx.Bucket(bForgotten).Put(tombKey(kind, id), []byte{1})
 }
 
 func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
@@ -142,15 +270,36 @@ func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
 	return sv, nil
 }
 
-// ForgetStep removes committed step n's groups, their sessions with their calls and API
-// keys, in one durable transaction, and keeps the step as a committed tombstone
-// (archived). Call it once the step is safely archived. Forgetting a step again is a
-// no-op; a step not committed is refused. The usage totals lose what was removed and
-// count it as archived.
+// MarkStepFilesWritten records, in one small durable write, that committed step n's
+// archive files are complete: from then on its groups may leave the store (ForgetStep),
+// and a restart finishes forgetting it instead of writing its files again, which it
+// could not do with some groups gone.
+func (s *Store) MarkStepFilesWritten(n int64) error {
+	return s.write(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("mark step files written: %w", err)
+		}
+		if !sv.Committed {
+			return fmt.Errorf("mark step %d files written: not committed", n)
+		}
+		if sv.Archived || sv.FilesWritten {
+			return nil
+		}
+		sv.FilesWritten = true
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+	})
+}
+
+// ForgetStep marks committed step n files-written and removes its groups, their
+// sessions with their calls and API keys, one durable transaction per group (a write of the proxy waits for one group,
+// never a whole step), and last keeps the step as a committed tombstone (archived). Call
+// it once the step is safely archived. Forgetting a step again, or after a crash part
+// way, finishes what is left; a step not committed is refused. The usage totals lose
+// what was removed and count it as archived.
 func (s *Store) ForgetStep(n int64) error {
-	var gone []string
-	err := s.write(func(tx *bolt.Tx) error {
-		gone = gone[:0] // fn may run again
+	var groups []string
+	err := s.view(func(tx *bolt.Tx) error {
 		sv, err := readStep(tx, n)
 		if err != nil {
 			return fmt.Errorf("forget: %w", err)
@@ -158,18 +307,68 @@ func (s *Store) ForgetStep(n int64) error {
 		if !sv.Committed {
 			return fmt.Errorf("forget step %d: not committed", n)
 		}
+		if !sv.Archived {
+			groups = sv.Groups
+		}
+		return nil
+	})
+	if err != nil || groups == nil {
+		return err
+	}
+	if err := s.MarkStepFilesWritten(n); err != nil {
+		return err
+	}
+	for _, gid := range groups {
+		if err := s.ForgetStepGroup(n, gid); err != nil {
+			return err
+		}
+	}
+	return s.write(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
 		if sv.Archived {
 			return nil
 		}
-		removed, err := removeGroups(tx, sv.Groups, &gone)
+		for _, gid := range sv.Groups {
+			if tx.Bucket(bGroups).Bucket([]byte(gid)) != nil {
+				return fmt.Errorf("forget step %d: group %q is still in the store", n, gid)
+			}
+		}
+		if err := updateTotals(tx, func(t *Totals) { t.ArchivedSteps++ }); err != nil {
+			return err
+		}
+		sv.Groups, sv.Archived, sv.FilesWritten = nil, true, false
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+	})
+}
+
+// ForgetStepGroup removes group gid of committed step n in one durable write, once the
+// step is marked files-written (the archiver calls it group by group, then ForgetStep
+// for the tombstone); a group already forgotten (a crash after its write) is a no-op.
+func (s *Store) ForgetStepGroup(n int64, gid string) error {
+	var gone []string
+	err := s.write(func(tx *bolt.Tx) error {
+		gone = gone[:0] // fn may run again
+		sv, err := readStep(tx, n)
+		if err != nil {
+			return fmt.Errorf("forget: %w", err)
+		}
+		if !sv.FilesWritten || !slices.Contains(sv.Groups, gid) {
+			return fmt.Errorf("forget group %q of step %d: the step is not marked files-written, or has no such group", gid, n)
+		}
+		if tx.Bucket(bGroups).Bucket([]byte(gid)) == nil {
+			if forgotten(tx, tombGroup, gid) {
+				return nil
+			}
+			return fmt.Errorf("forget step %d: %w: group %q is missing", n, ErrCorrupt, gid)
+		}
+		removed, err := removeGroups(tx, []string{gid}, &gone)
 		if err != nil {
 			return fmt.Errorf("forget step %d: %w", n, err)
 		}
-		if err := updateTotals(tx, func(t *Totals) { t.archived(removed); t.ArchivedSteps++ }); err != nil {
-			return err
-		}
-		sv.Groups, sv.Archived = nil, true
-		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
+		return updateTotals(tx, func(t *Totals) { t.archived(removed) })
 	})
 	if err != nil {
 		return err
@@ -240,6 +439,9 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 		if err := groups.DeleteBucket([]byte(gid)); err != nil {
 			return removed, err
 		}
+		if err := bury(tx, tombGroup, gid); err != nil {
+			return removed, err
+		}
 	}
 	ids := map[string]bool{}
 	for _, sid := range (*gone)[first:] {
@@ -263,6 +465,9 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 			return removed, err
 		}
 		if err := sessions.DeleteBucket([]byte(sid)); err != nil {
+			return removed, err
+		}
+		if err := bury(tx, tombSession, sid); err != nil {
 			return removed, err
 		}
 	}

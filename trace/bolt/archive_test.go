@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -40,8 +41,7 @@ func fillGroup(t testing.TB, s *Store, gid string, sessions, calls int, rng *ran
 	return out
 }
 
-// TestForgetStep: a committed step's groups, sessions, calls and keys leave the store in
-// one write; the step stays committed (no second commit, no second save, the numbering
+// TestForgetStep: a committed step's groups, sessions, calls and keys leave the store; the step stays committed (no second commit, no second save, the numbering
 // goes on), also after a restart; other groups are untouched.
 func TestForgetStep(t *testing.T) {
 	dir := t.TempDir()
@@ -183,6 +183,11 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 					recorded = append(recorded, c)
 				}
 			}()
+			// Against the live size of a recent pass (the file's size), it does not pay.
+			fi, _ := os.Stat(s.Path())
+			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1, LiveFloor: fi.Size()}); err != nil || c.Compacted {
+				t.Fatalf("compacted against a live floor of the file's size: %+v %v", c, err)
+			}
 			c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1})
 			wg.Wait()
 			if err != nil || recErr != nil {
@@ -191,7 +196,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 			if !c.Compacted || c.AfterBytes >= c.BeforeBytes || c.LiveBytes > c.AfterBytes {
 				t.Fatalf("compaction %+v: want a smaller file", c)
 			}
-			fi, _ := os.Stat(s.Path())
+			fi, _ = os.Stat(s.Path())
 			t.Logf("%+v; file now %d bytes", c, fi.Size())
 			if _, err := os.Stat(s.Path() + compactSuffix); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("compaction copy left: %v", err)
@@ -236,16 +241,16 @@ func TestForgetDroppedGroup(t *testing.T) {
 	if err := s.ForgetDroppedGroup("gd"); err == nil {
 		t.Fatal("forgot a group not dropped")
 	}
-	if _, _, _, err := s.DroppedGroup("gd"); err == nil {
+	if _, err := s.DroppedGroup("gd"); err == nil {
 		t.Fatal("read a group not dropped as dropped")
 	}
 	if err := s.DropGroup("gd", "too few usable sessions"); err != nil {
 		t.Fatal(err)
 	}
-	g, reason, times, err := s.DroppedGroup("gd")
-	if err != nil || reason != "too few usable sessions" || len(g.Sessions) != 2 || len(g.Sessions[0].Calls) != 2 ||
-		times["gd-s1"].Finished.IsZero() {
-		t.Fatalf("dropped group %+v %q %v", g, reason, err)
+	d, err := s.DroppedGroup("gd")
+	if err != nil || d.Reason != "too few usable sessions" || len(d.Group.Sessions) != 2 || len(d.Group.Sessions[0].Calls) != 2 ||
+		d.Times["gd-s1"].Finished.IsZero() || d.Seq == 0 {
+		t.Fatalf("dropped group %+v %v", d, err)
 	}
 	for range 2 {
 		if err := s.ForgetDroppedGroup("gd"); err != nil {
@@ -265,5 +270,172 @@ func TestForgetDroppedGroup(t *testing.T) {
 	}
 	if u, err := s.Usage(); err != nil || u.Sessions != 2 || u.ArchivedSessions != 2 || u.ArchivedCalls != 4 || u.ArchivedSteps != 0 {
 		t.Fatalf("usage %+v %v", u, err)
+	}
+}
+
+// TestForgottenIDsStayTaken: once a step's or a dropped group's data leaves the store,
+// its group and session ids cannot be created again (a reused group would train again,
+// and the archive would hold two groups of one id), also after a restart; the refusal is
+// a closed group's (the control API answers it 409). Each group dropped gets its own
+// number, kept when it is dropped again.
+func TestForgottenIDsStayTaken(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(3, 4))
+	fillGroup(t, s, "g0", 2, 1, rng)
+	fillGroup(t, s, "gd", 2, 1, rng)
+	fillGroup(t, s, "gd2", 2, 1, rng)
+	if err := s.SaveStep(0, []string{"g0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{"gd", "gd2", "gd"} {
+		if err := s.DropGroup(g, "too few"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d1, err1 := s.DroppedGroup("gd")
+	d2, err2 := s.DroppedGroup("gd2")
+	if err1 != nil || err2 != nil || d1.Seq == 0 || d2.Seq == 0 || d1.Seq == d2.Seq {
+		t.Fatalf("drop numbers %d and %d (%v %v): want distinct, non-zero", d1.Seq, d2.Seq, err1, err2)
+	}
+	if err := s.ForgetStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetDroppedGroup("gd"); err != nil {
+		t.Fatal(err)
+	}
+	for _, restart := range []bool{false, true} {
+		if restart {
+			s = reopen(t, s, dir)
+		}
+		tests := []struct {
+			name string
+			sess trace.Session
+			want string // in the error; "" for success
+		}{
+			{"trained group", trace.Session{ID: "new-a", TaskID: "task-g0", GroupID: "g0"}, `group "g0" is closed`},
+			{"dropped group", trace.Session{ID: "new-b", TaskID: "task-gd", GroupID: "gd"}, `group "gd" is closed`},
+			{"trained session", trace.Session{ID: "g0-s1", TaskID: "task-x", GroupID: "x"}, "session already exists"},
+			{"dropped session, no group", trace.Session{ID: "gd-s0"}, "session already exists"},
+			{"dropped group not yet archived", trace.Session{ID: "new-c", TaskID: "task-gd2", GroupID: "gd2"}, `group "gd2" is closed`},
+		}
+		for _, tt := range tests {
+			err := s.CreateSession(tt.sess, "", 0)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("restart %v: %s: create %+v: %v, want an error with %q", restart, tt.name, tt.sess, err, tt.want)
+			}
+		}
+		if errors.Is(s.CreateSession(trace.Session{ID: "g0-s1"}, "", 0), ErrSessionExists) != true {
+			t.Errorf("a forgotten session id is not ErrSessionExists")
+		}
+		fresh := fmt.Sprintf("fresh-%v", restart)
+		if err := s.CreateSession(trace.Session{ID: fresh, TaskID: "t", GroupID: "g-" + fresh}, "", 0); err != nil {
+			t.Errorf("a new id: %v", err)
+		}
+	}
+}
+
+// TestForgetStepGroupByGroup: a step's groups leave the store one write each; a store
+// closed part way (a crash) keeps the step committed, marked files-written, with the
+// groups not yet forgotten, and ForgetStep then finishes: every group gone, the usage
+// counted once, the step a tombstone.
+func TestForgetStepGroupByGroup(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	groups := []string{"ga", "gb", "gc"}
+	for _, g := range groups {
+		fillGroup(t, s, g, 2, 2, rng)
+	}
+	if err := s.SaveStep(0, groups); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CommitStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStepGroup(0, "ga"); err == nil {
+		t.Fatal("forgot a group of a step not marked files-written")
+	}
+	if err := s.MarkStepFilesWritten(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStepGroup(0, "gx"); err == nil {
+		t.Fatal("forgot a group not in the step")
+	}
+	for range 2 { // the second time: a no-op, as after a crash past its write
+		if err := s.ForgetStepGroup(0, "ga"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = reopen(t, s, dir)
+	if steps, err := s.ArchivableSteps(); err != nil || !slices.Equal(steps, []int64{0}) {
+		t.Fatalf("archivable %v %v: the step is not archived yet", steps, err)
+	}
+	head, err := s.CommittedStepHead(0)
+	if err != nil || !head.FilesWritten || !slices.Equal(head.Record.Groups, groups) {
+		t.Fatalf("head %+v %v", head, err)
+	}
+	gs, err := s.Groups()
+	if err != nil || len(gs) != 2 {
+		t.Fatalf("groups after forgetting one: %+v %v", gs, err)
+	}
+	if err := s.ForgetStep(0); err != nil {
+		t.Fatal(err)
+	}
+	if steps, err := s.ArchivableSteps(); err != nil || len(steps) != 0 {
+		t.Fatalf("archivable %v %v after ForgetStep", steps, err)
+	}
+	u, err := s.Usage()
+	if err != nil || u.Sessions != 0 || u.Calls != 0 || u.ArchivedSessions != 6 || u.ArchivedCalls != 12 || u.ArchivedSteps != 1 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	if err := s.CommitStep(0); !errors.Is(err, ErrCommitted) {
+		t.Fatalf("commit after forgetting: %v", err)
+	}
+}
+
+// TestEachCallStreamsASession: EachCall hands a session's calls one at a time, the same
+// as Session reads them whole; StepGroupSessions lists the group's sessions without
+// calls; an error from fn stops it.
+func TestEachCallStreamsASession(t *testing.T) {
+	s := open(t, t.TempDir(), Options{})
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(11, 12))
+	recorded := fillGroup(t, s, "g", 2, 5, rng)
+	g, times, err := s.StepGroupSessions("g")
+	if err != nil || len(g.Sessions) != 2 || g.TaskID != "task-g" || len(times) != 2 {
+		t.Fatalf("group %+v %v %v", g, times, err)
+	}
+	for _, sess := range g.Sessions {
+		if len(sess.Calls) != 0 || sess.Status != trace.StatusCompleted || times[sess.ID].Finished.IsZero() {
+			t.Fatalf("session %+v, times %+v", sess, times[sess.ID])
+		}
+		whole, err := s.Session(sess.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		if err := s.EachCall(sess.ID, func(c *trace.Call) error {
+			if err := equalCall(c, &whole.Calls[k]); err != nil {
+				return err
+			}
+			if err := equalCall(c, &recorded[sess.ID][k]); err != nil {
+				return err
+			}
+			k++
+			return nil
+		}); err != nil || k != len(whole.Calls) {
+			t.Fatalf("session %s: %d calls streamed, want %d (%v)", sess.ID, k, len(whole.Calls), err)
+		}
+	}
+	stop := errors.New("stop")
+	n := 0
+	if err := s.EachCall("g-s0", func(*trace.Call) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
+		t.Fatalf("after fn's error: %d calls, %v", n, err)
 	}
 }

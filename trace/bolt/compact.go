@@ -30,6 +30,11 @@ type CompactPolicy struct {
 	// Factor: compact when the file is at least Factor times the size a compacted file
 	// would have (default 2).
 	Factor float64
+	// LiveFloor, when above the live bytes now, is what the file is measured against
+	// instead: the archiver passes the largest live size of its recent passes, so that a
+	// store whose in-flight data swings (a burst of steps READY, then trained) is not
+	// compacted at every swing only to grow back.
+	LiveFloor int64
 }
 
 func (p CompactPolicy) withDefaults() CompactPolicy {
@@ -78,7 +83,8 @@ func (s *Store) live() (int64, error) {
 }
 
 // CompactIfWorth compacts the store when its file is at least p.MinFileBytes and
-// p.Factor times the size the live pages would take in a fresh file.
+// p.Factor times the size the live pages (or p.LiveFloor, when more) would take in a
+// fresh file. The Compaction says the live bytes also when it does not compact.
 func (s *Store) CompactIfWorth(p CompactPolicy) (Compaction, error) {
 	p = p.withDefaults()
 	fi, err := os.Stat(s.path)
@@ -90,7 +96,7 @@ func (s *Store) CompactIfWorth(p CompactPolicy) (Compaction, error) {
 		return Compaction{}, fmt.Errorf("compact: %w", err)
 	}
 	c := Compaction{BeforeBytes: fi.Size(), LiveBytes: live, AfterBytes: fi.Size()}
-	if fi.Size() < p.MinFileBytes || float64(fi.Size()) < p.Factor*float64(compactedBytes(live)) {
+	if fi.Size() < p.MinFileBytes || float64(fi.Size()) < p.Factor*float64(compactedBytes(max(live, p.LiveFloor))) {
 		return c, nil
 	}
 	return s.Compact()

@@ -111,12 +111,15 @@ var (
 	bSessions = []byte("sessions")
 	bGroups   = []byte("groups")
 	bSteps    = []byte("steps")
-	kFormat   = []byte("format")
-	kInfo     = []byte("info")
-	kCalls    = []byte("calls")
-	kMembers  = []byte("sessions")
-	kUsage    = []byte("usage")
-	kPolicy   = []byte("policy_version")
+	// bForgotten holds a tombstone for each group and session id forgotten once archived
+	// (tombKey), so that an id is never used twice (archive.go).
+	bForgotten = []byte("forgotten")
+	kFormat    = []byte("format")
+	kInfo      = []byte("info")
+	kCalls     = []byte("calls")
+	kMembers   = []byte("sessions")
+	kUsage     = []byte("usage")
+	kPolicy    = []byte("policy_version")
 )
 
 // Store is the durable trace store. Its methods are safe for concurrent use.
@@ -285,11 +288,19 @@ func createMeta(tx *bolt.Tx, path string) error {
 			return err
 		}
 	}
+	if _, err := tx.CreateBucket(bForgotten); err != nil {
+		return err
+	}
 	return putJSON(m, kUsage, Totals{})
 }
 
 // upgrade brings a store of format got to the current one, in the open transaction.
 func upgrade(tx *bolt.Tx, meta *bolt.Bucket, got uint32, budgets map[int64]int, budgetsPath string) error {
+	// The forgotten ids' tombstones came after format 3, without a format change: an older
+	// floe ignores the bucket.
+	if _, err := tx.CreateBucketIfNotExists(bForgotten); err != nil {
+		return err
+	}
 	if got == 1 {
 		// Version 1 -> 2: the usage totals, by one scan; the other new fields read as
 		// absent (zero) in old records.
@@ -417,6 +428,10 @@ type groupInfo struct {
 	Dropped    bool      `json:"dropped,omitempty"`
 	DropReason string    `json:"drop_reason,omitempty"`
 	Created    time.Time `json:"created,omitzero"` // zero in stores written before it was kept
+	// DropSeq numbers the group among the groups the store dropped (from 1; 0 in stores
+	// written before it was kept): with its id's hash it names the group's archive
+	// partition, unique even where an id came back.
+	DropSeq uint64 `json:"drop_seq,omitempty"`
 	// TimedOut: the group outlived the group timeout; it is complete with the sessions it
 	// has, whatever its size.
 	TimedOut bool `json:"timed_out,omitempty"`
@@ -480,6 +495,12 @@ func createSession(tx *bolt.Tx, sess trace.Session, key string, groupSize int) e
 	all := tx.Bucket(bSessions)
 	if all.Bucket([]byte(sess.ID)) != nil {
 		return fmt.Errorf("create session: %w: %q", ErrSessionExists, sess.ID)
+	}
+	if forgotten(tx, tombSession, sess.ID) {
+		return fmt.Errorf("create session: %w: %q (archived)", ErrSessionExists, sess.ID)
+	}
+	if sess.GroupID != "" && forgotten(tx, tombGroup, sess.GroupID) {
+		return fmt.Errorf("create session %q: group %q is closed (archived)", sess.ID, sess.GroupID)
 	}
 	keys := tx.Bucket(bKeys)
 	if key != "" {
@@ -665,6 +686,11 @@ func (s *Store) DropGroup(id, reason string) error {
 		}
 		if gi.Step >= 0 {
 			return fmt.Errorf("drop group %q: it is in step %d", id, gi.Step)
+		}
+		if gi.DropSeq == 0 {
+			if gi.DropSeq, err = tx.Bucket(bGroups).NextSequence(); err != nil {
+				return err
+			}
 		}
 		gi.Dropped, gi.DropReason = true, reason
 		return putJSON(b, kInfo, gi)
@@ -960,6 +986,9 @@ type stepValue struct {
 	// Archived: the step's data went to the archive and left the store (ForgetStep);
 	// the record stays, without its groups, to keep the step committed.
 	Archived bool `json:"archived,omitempty"`
+	// FilesWritten: the step's archive files are complete (MarkStepFilesWritten); its
+	// groups may be leaving the store, one write each, and a restart only finishes that.
+	FilesWritten bool `json:"files_written,omitempty"`
 }
 
 // SaveStep records that step n is formed from groups (in that order). It is durable when

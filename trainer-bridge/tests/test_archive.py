@@ -18,14 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# duckdb, pandas and datasets are in the bridge's test extra: a missing one fails the test.
+import datasets
+import duckdb
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-pd = pytest.importorskip("pandas")
 pytest.importorskip("torch")  # the reference server's model
-duckdb = pytest.importorskip("duckdb")
-datasets = pytest.importorskip("datasets")
 
 from floe_stack import Stack, refserver_argv  # noqa: E402
 
@@ -142,6 +143,9 @@ def test_archive_opens_in_pyarrow_pandas_duckdb_and_datasets(
     assert calls.column_names == CALL_COLUMNS
     assert calls.schema.field("prompt_ids").type == pa.list_(pa.int32())
     assert calls.schema.field("logprobs").type == pa.list_(pa.float32())
+    # the JSON columns have 64-bit offsets (a row group may hold more than 2 GiB of JSON)
+    for col in ("request", "upstream_request", "response"):
+        assert calls.schema.field(col).type == pa.large_string()
     rows = calls.to_pylist()
     got = {(r["session_id"], r["call_index"], r["choice"]): r for r in rows}
     assert len(got) == len(rows) == len(archived)
@@ -158,6 +162,8 @@ def test_archive_opens_in_pyarrow_pandas_duckdb_and_datasets(
     # pandas: sessions with the advantages the trainer was served
     sess = pd.read_parquet(archive / "sessions")
     assert len(sess) == 4 and set(sess["session_id"]) == set(advantages)
+    pcalls = pd.read_parquet(archive / "calls")
+    assert all(json.loads(r)["messages"] for r in pcalls["request"])
     for r in sess.itertuples():
         assert r.advantage == pytest.approx(advantages[r.session_id], abs=1e-6)
         assert r.status == "completed" and r.calls == 2
@@ -174,11 +180,17 @@ def test_archive_opens_in_pyarrow_pandas_duckdb_and_datasets(
         group by all order by s.step, s.session_id""").fetchall()
     assert [(step, sid) for step, sid, *_ in q] == sorted((int(group_of[sid][1:]), sid) for sid in advantages)
     assert all(n == 2 and sampled > 0 for *_, n, sampled in q)
+    # DuckDB reads the large_string JSON columns as text, and its JSON functions take them
+    models = duckdb.sql(f"""
+        select distinct json_extract_string(request, '$.model')
+        from read_parquet('{archive}/calls/*/*.parquet')""").fetchall()
+    assert models == [("floe-ref",)]
 
     # Hugging Face datasets, from the files
     files = str(archive / "calls" / "*" / "*.parquet")
     hf = datasets.load_dataset("parquet", data_files=files, split="train")
     assert hf.num_rows == len(archived) and hf.column_names == CALL_COLUMNS
+    assert json.loads(hf[0]["response"])["role"] == "assistant"
 
     # floe export: the calls still in the store (step 2, formed, not committed)
     out = tmp_path / "export"
