@@ -136,7 +136,7 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	rep.Command = "floe-bench capacity " + strings.Join(flagArgs(fs), " ")
 	rep.Machine = fmt.Sprintf("%s, %d logical CPUs, %s %s/%s; load average (1, 5, 15 min) at the start: %s",
-		cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, strings.Join(strings.Fields(string(load))[:min(3, len(strings.Fields(string(load))))], ", "))
+		cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage(load))
 	fmt.Fprint(stdout, rep.Table())
 	fmt.Fprintf(stdout, "\nmarginal memory per open session: %.1f KiB\n\n%s", rep.MarginalBytesPerSession()/1024, rep.FormTable())
 	fmt.Fprintf(stdout, "\nwall time: %.0f s\n", rep.WallSeconds)
@@ -207,4 +207,14 @@ func withoutFloeTokens(env []string) []string {
 		}
 	}
 	return out
+}
+
+// loadAverage is /proc/loadavg's three averages ("1.72, 2.65, 3.61"), read before a
+// benchmark so its report says how busy the machine was; "unknown" off Linux.
+func loadAverage(procLoadavg []byte) string {
+	f := strings.Fields(string(procLoadavg))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
 }

@@ -71,6 +71,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("finding floe-bench to run the proxy: %w", err)
 	}
+	load, _ := os.ReadFile("/proc/loadavg")
 	rep, err := proxybench.Run(ctx, proxybench.Options{Dialects: ds, Sizes: sz, Requests: *n, StreamChunks: *chunks,
 		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, LiteLLM: *litellm, LiteLLMRequests: *llN,
 		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, LatencyProcs: *latProcs, Progress: stderr})
@@ -89,7 +90,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			cmd += fmt.Sprintf(" -latency-procs %d", *latProcs)
 		}
 		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. floe's proxy runs as a child process: with %s for the latency phase, and with GOMAXPROCS=1 for the throughput phase and its CPU per request; the fake upstream and the clients run in the benchmark's process. "+
-			"Measured on a busy 2-core machine, shared with other jobs that ran during the measurement: compare rows of one run, and read ratios rather than absolute figures.\n\n"+
+			"The proxy, the fake upstream and the clients share the machine's cores (load average (1, 5, 15 min) at the start: "+loadAverage(load)+"): compare rows of one run, and read ratios rather than absolute figures.\n\n"+
 			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
 			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+
 			"LiteLLM runs as its own proxy (`litellm --num_workers 1`, the fake upstream as its `hosted_vllm` provider, one Python process); where it cannot serve a dialect, the row says what it answered. "+
