@@ -516,7 +516,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	sink := &streamSink{w: batchingWriter{w}, d: d, req: req}
 	res, err := s.Engine.Stream(upCtx, &req.Chat, sink)
 	stream := sink.stream
-	defer sink.Flush()
+	// No flush at the end: what the stream writes from here (its last events, or its
+	// error) leaves when the handler returns, in the same write as the chunked
+	// encoding's end, rather than in a write and a wake-up of the caller of its own.
 	var timeout *Error
 	switch {
 	case errors.Is(err, ErrCallerGone) || ctx.Err() != nil:

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 
 	// goccy/go-json encodes and decodes like encoding/json, two to three times faster;
@@ -91,15 +92,36 @@ func (s *SSEWriter) write() error {
 	return nil
 }
 
+// lineBuffered says whether br holds a whole line, which its next ReadSlice returns
+// without reading: the search stops at the line's end, as ReadSlice's own does.
+func lineBuffered(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := br.Peek(n) // no read: n bytes are buffered
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
 // WriteJSON writes v as a JSON response with status.
 func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	b, err := gojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding response: %w", err)
 	}
-	w.Header().Set("Content-Type", "application/json")
+	return WriteJSONBytes(w, status, b)
+}
+
+// WriteJSONBytes writes b, encoded JSON, as the response with status. With its length
+// declared, the answer leaves with its headers in one write and no chunked framing;
+// without, net/http frames any answer over 2 KiB in chunks and sends the last chunk in a
+// write of its own when the handler returns.
+func WriteJSONBytes(w http.ResponseWriter, status int, b []byte) error {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
-	_, err = w.Write(b)
+	_, err := w.Write(b)
 	return err
 }
 
@@ -116,8 +138,10 @@ const maxSSELine = 64 << 20
 
 // ReadSSE calls onData with the data of each event of an SSE stream until the stream
 // ends or onData returns an error. Multi-line data fields are joined with newlines. idle,
-// when not nil, is called whenever the bytes read so far are used up, before blocking for
-// more.
+// when not nil, is called before every read of r that may block: whenever no whole line is
+// left of the bytes read so far. Events that arrived together are handed to onData
+// without idle between them (their writes can leave in one flush), and none waits on a
+// read of the next: an event split across the upstream's writes is not held behind it.
 func ReadSSE(r io.Reader, idle func(), onData func([]byte) error) error {
 	br := sseReaders.Get().(*bufio.Reader)
 	br.Reset(r)
@@ -128,7 +152,7 @@ func ReadSSE(r io.Reader, idle func(), onData func([]byte) error) error {
 	var data, long []byte
 	have := false
 	for {
-		if idle != nil && br.Buffered() == 0 {
+		if idle != nil && !lineBuffered(br) {
 			idle()
 		}
 		line, err := br.ReadSlice('\n')

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
+	"io"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	gojson "github.com/goccy/go-json"
@@ -58,5 +61,58 @@ func TestSSEEventsAreTheMarshalledJSON(t *testing.T) {
 	want.WriteString("event: done\ndata: [DONE]\n\n")
 	if got := rec.Body.String(); got != want.String() {
 		t.Errorf("events:\n%q\nwant\n%q", got, want.String())
+	}
+}
+
+// relayReader hands out its pieces one per Read, as an upstream's writes arrive, and
+// fails a Read made while an event handed on since the last idle is still unflushed: the
+// relay flushes in idle, and such a Read could block with the event held back.
+type relayReader struct {
+	pieces  []string
+	next    int
+	pending bool // an event was handed on since the last idle
+}
+
+func (r *relayReader) Read(p []byte) (int, error) {
+	if r.pending {
+		return 0, fmt.Errorf("read %d of the stream came with an event handed on since the last idle", r.next)
+	}
+	if r.next == len(r.pieces) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.pieces[r.next])
+	r.next++
+	return n, nil
+}
+
+// TestReadSSECallsIdleBeforeEveryBlockingRead: the relay flushes in idle, so events that
+// arrived in one read are handed on without idle between them (one flush for all), and
+// idle comes before every read that follows an event, also when the bytes at hand end in
+// part of the next event (an event the upstream wrote in two pieces).
+func TestReadSSECallsIdleBeforeEveryBlockingRead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pieces []string
+		want   string
+	}{
+		{"events together", []string{"data: a\n\ndata: b\n\ndata: c\n\n"}, "idle a b c idle"},
+		{"events apart", []string{"data: a\n\n", "data: b\n\n", "data: c\n\n"}, "idle a idle b idle c idle"},
+		{"an event in two pieces after a whole one", []string{"data: a\n\ndata: b", "c\n\n"}, "idle a idle bc idle"},
+		{"a line cut before its newline", []string{"data: a", "\n\ndata: b\n", "\n"}, "idle a idle b idle"},
+		{"the blank line apart", []string{"data: a\n", "\ndata: b\n\n"}, "idle idle a b idle"},
+		{"CRLF lines", []string{"data: a\r\n\r\ndata: b\r", "\n\r\n"}, "idle a idle b idle"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &relayReader{pieces: tc.pieces}
+			var log []string
+			idle := func() { log = append(log, "idle"); r.pending = false }
+			err := ReadSSE(r, idle, func(b []byte) error { log = append(log, string(b)); r.pending = true; return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(log, " "); got != tc.want {
+				t.Errorf("calls %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

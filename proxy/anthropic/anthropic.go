@@ -776,10 +776,7 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 	if err := enc.Encode(msg); err != nil {
 		return fmt.Errorf("encoding anthropic message: %w", err)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, err := w.Write(buf.Bytes())
-	return err
+	return proxy.WriteJSONBytes(w, http.StatusOK, buf.Bytes())
 }
 
 // ---- errors, models, count ----

@@ -268,6 +268,9 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 	})
 	res.Latency = time.Since(start)
 	if done {
+		// The deltas read with [DONE] go to the caller before the wait for the body's end,
+		// which may block.
+		sink.Flush()
 		// Read on to the body's end (the chunked encoding's last chunk, right after
 		// [DONE]): a body closed before its end takes its connection with it, and every
 		// streamed call would then open a new one to the inference server. A server that
