@@ -31,10 +31,6 @@ type SessionTimes struct {
 type StepContents struct {
 	Record      trace.StepRecord
 	CommittedAt time.Time
-	// Groups are the step's groups in its order, each with its sessions (in creation
-	// order) and their calls.
-	Groups []trace.Group
-	Times  map[string]SessionTimes // by session id
 	// FilesWritten: the step's archive files are complete; what is left is to forget it.
 	FilesWritten bool
 }
@@ -57,34 +53,6 @@ func (s *Store) ArchivableSteps() ([]int64, error) {
 			}
 			return nil
 		})
-	})
-	return out, err
-}
-
-// CommittedStep reads committed step n with its groups, sessions and calls, in one read
-// transaction. ErrUnknownStep for a step never saved; an error for one not committed or
-// already forgotten.
-func (s *Store) CommittedStep(n int64) (StepContents, error) {
-	var out StepContents
-	err := s.view(func(tx *bolt.Tx) error {
-		sv, err := readStep(tx, n)
-		if err != nil {
-			return err
-		}
-		if !sv.Committed || sv.Archived {
-			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
-		}
-		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
-			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt,
-			Times: map[string]SessionTimes{}}
-		for _, gid := range sv.Groups {
-			g, err := readGroupWithTimes(tx, gid, out.Times)
-			if err != nil {
-				return fmt.Errorf("step %d: %w", n, err)
-			}
-			out.Groups = append(out.Groups, g)
-		}
-		return nil
 	})
 	return out, err
 }

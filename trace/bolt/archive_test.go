@@ -61,10 +61,17 @@ func TestForgetStep(t *testing.T) {
 	if got, err := s.ArchivableSteps(); err != nil || !slices.Equal(got, []int64{0}) {
 		t.Fatalf("archivable %v %v, want [0]", got, err)
 	}
-	st, err := s.CommittedStep(0)
-	if err != nil || len(st.Groups) != 1 || len(st.Groups[0].Sessions) != 2 || len(st.Groups[0].Sessions[1].Calls) != 3 ||
-		st.CommittedAt.IsZero() || st.Times["g0-s1"].Finished.IsZero() {
+	st, err := s.CommittedStepHead(0)
+	if err != nil || !slices.Equal(st.Record.Groups, []string{"g0"}) || st.CommittedAt.IsZero() {
 		t.Fatalf("committed step %+v %v", st, err)
+	}
+	g, times, err := s.StepGroupSessions("g0")
+	if err != nil || len(g.Sessions) != 2 || len(g.Sessions[1].Calls) != 0 || times["g0-s1"].Finished.IsZero() {
+		t.Fatalf("step group %+v %v %v", g, times, err)
+	}
+	calls := 0
+	if err := s.EachCall("g0-s1", func(*trace.Call) error { calls++; return nil }); err != nil || calls != 3 {
+		t.Fatalf("%d calls of g0-s1 (%v), want 3", calls, err)
 	}
 	before, _ := s.Usage()
 	for range 2 { // the second is a no-op
