@@ -27,7 +27,8 @@ type SessionTimes struct {
 	Created, Finished time.Time
 }
 
-// StepContents is a committed step with everything it was formed from.
+// StepContents is a committed step's record and how far its archiving got; the archiver
+// reads its groups one at a time (StepGroupSessions, EachCall).
 type StepContents struct {
 	Record      trace.StepRecord
 	CommittedAt time.Time
