@@ -511,14 +511,17 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		if err := d.WriteResponse(w, req, &res.Response); err != nil {
 			s.log().Warn("writing the answer", "session", session, "err", err)
 		}
+		// Sent before the call lets go of the gate, as a streamed answer's end is.
+		batchingWriter{w}.flushNow()
 		return
 	}
 	sink := &streamSink{w: batchingWriter{w}, d: d, req: req}
 	res, err := s.Engine.Stream(upCtx, &req.Chat, sink)
 	stream := sink.stream
-	// No flush at the end: what the stream writes from here (its last events, or its
-	// error) leaves when the handler returns, in the same write as the chunked
-	// encoding's end, rather than in a write and a wake-up of the caller of its own.
+	// The last events (or the error) leave before the call lets go of the gate: a weight
+	// sync's pause returns only once every call in flight has been answered whole, not
+	// when net/http gets round to the chunked encoding's end after the handler returns.
+	defer sink.Flush()
 	var timeout *Error
 	switch {
 	case errors.Is(err, ErrCallerGone) || ctx.Err() != nil:
