@@ -27,7 +27,7 @@ const ArchiveDirName = "archive"
 type ArchiveStore interface {
 	ArchivableSteps() ([]int64, error)
 	CommittedStepHead(n int64) (bolt.StepContents, error)
-	StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
+	GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
 	EachCall(sid string, fn func(*trace.Call) error) error
 	MarkStepFilesWritten(n int64) error
 	ForgetStepGroup(n int64, gid string) error
@@ -315,28 +315,17 @@ func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			g, times, err := a.Store.StepGroupSessions(gid)
+			g, times, err := a.Store.GroupSessions(gid)
 			if err != nil {
 				return fmt.Errorf("step %d: %w", n, err)
 			}
-			adv := a.advantages(g)
-			for si := range g.Sessions {
-				s := &g.Sessions[si]
-				k := 0
-				err := a.Store.EachCall(s.ID, func(c *trace.Call) error {
-					k++
-					return r.Call(g.ID, s.TaskID, trainedAs(s, c, sc.Record.MinPolicyVersion))
-				})
-				if err != nil {
-					return fmt.Errorf("step %d: group %s: %w", n, gid, err)
-				}
-				si := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
-				if v, ok := adv[s.ID]; ok {
-					si.Advantage = &v
-				}
-				r.Session(g.ID, s, k, si)
-				calls += k
+			k, err := a.groupRows(r, g, times, a.advantages(g), func(s *trace.Session, c *trace.Call) *trace.Call {
+				return trainedAs(s, c, sc.Record.MinPolicyVersion)
+			})
+			if err != nil {
+				return fmt.Errorf("step %d: %w", n, err)
 			}
+			calls += k
 		}
 		return nil
 	}
@@ -411,11 +400,17 @@ func (a *Archiver) archiveDroppedGroup(id string) error {
 	if err != nil {
 		return fmt.Errorf("archiving dropped group %s: %w", id, err)
 	}
-	info := make(map[string]archive.SessionInfo, len(d.Times))
-	for sid, t := range d.Times {
-		info[sid] = archive.SessionInfo{Created: t.Created, Finished: t.Finished}
+	rows := func(r *archive.Rows) error {
+		// Trained on by no step: no call is trainable, and no session has an advantage.
+		_, err := a.groupRows(r, d.Group, d.Times, nil, func(_ *trace.Session, c *trace.Call) *trace.Call {
+			if c.Trainable {
+				c.MarkUntrainable("group dropped: " + d.Reason)
+			}
+			return c
+		})
+		return err
 	}
-	if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(id, d.Seq), &d.Group, d.Reason, info, a.Mem, a.dropOpts()); err != nil {
+	if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(id, d.Seq), d.Reason, rows, a.Mem, a.dropOpts()); err != nil {
 		return err
 	}
 	if err := a.Store.ForgetDroppedGroup(id); err != nil {
@@ -430,6 +425,32 @@ func (a *Archiver) dropOpts() archive.WriteOptions {
 	opt := a.Write
 	opt.At = func(s archive.Stage) { a.stage("dropped-" + string(s)) }
 	return opt
+}
+
+// groupRows hands group g's calls to r, read from the store one at a time and each as
+// mark says, then each session with its times and its advantage (when adv has one); it
+// returns the calls.
+func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]bolt.SessionTimes, adv map[string]float64,
+	mark func(*trace.Session, *trace.Call) *trace.Call) (int, error) {
+	calls := 0
+	for si := range g.Sessions {
+		s := &g.Sessions[si]
+		k := 0
+		err := a.Store.EachCall(s.ID, func(c *trace.Call) error {
+			k++
+			return r.Call(g.ID, s.TaskID, mark(s, c))
+		})
+		if err != nil {
+			return calls, fmt.Errorf("group %s: %w", g.ID, err)
+		}
+		info := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
+		if v, ok := adv[s.ID]; ok {
+			info.Advantage = &v
+		}
+		r.Session(g.ID, s, k, info)
+		calls += k
+	}
+	return calls, nil
 }
 
 // trainedAs is call c of session s as the step trained on it: the archive says which
@@ -448,7 +469,7 @@ func trainedAs(s *trace.Session, c *trace.Call, minVersion int64) *trace.Call {
 // advantage); otherwise a failed one is out of the baseline (0). A group whose
 // advantages cannot be computed gets none.
 func (a *Archiver) advantages(g trace.Group) map[string]float64 {
-	u, _ := Config{DropFailed: a.DropFailed}.usable(cloneCalls(g), 0)
+	u, _ := Config{DropFailed: a.DropFailed}.usable(g, 0) // g's sessions come without calls
 	in := u.Sessions
 	adv, err := batcher.SessionAdvantages(a.Advantage, in)
 	if err != nil {
@@ -468,16 +489,6 @@ func (cfg Config) archiveDir() string {
 		return cfg.ArchiveDir
 	}
 	return filepath.Join(cfg.DataDir, ArchiveDirName)
-}
-
-// cloneCalls returns g with its sessions' calls copied, so that marking them (usable)
-// leaves g's own untouched.
-func cloneCalls(g trace.Group) trace.Group {
-	g.Sessions = slices.Clone(g.Sessions)
-	for i := range g.Sessions {
-		g.Sessions[i].Calls = slices.Clone(g.Sessions[i].Calls)
-	}
-	return g
 }
 
 // liveWindowLen is how many archiving passes the compaction's hysteresis remembers.

@@ -22,13 +22,13 @@ type panickyStore struct {
 	bad map[string]bool
 }
 
-func (p panickyStore) StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (p panickyStore) GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
 	if p.bad[gid] {
 		var offsets []int
 		n := -len(gid)
 		_ = offsets[:n] // slice bounds out of range, as the 2 GiB batch did
 	}
-	return p.Store.StepGroupSessions(gid)
+	return p.Store.GroupSessions(gid)
 }
 
 // syncBuffer is a log sink a test reads while Run writes it.
@@ -129,7 +129,7 @@ type failingStore struct {
 	cancel context.CancelFunc
 }
 
-func (f *failingStore) StepGroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (f *failingStore) GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
 	f.mu.Lock()
 	bad, cancel := f.bad[gid], f.cancel
 	f.mu.Unlock()
@@ -138,7 +138,7 @@ func (f *failingStore) StepGroupSessions(gid string) (trace.Group, map[string]bo
 	} else if bad {
 		return trace.Group{}, nil, errors.New("disk full")
 	}
-	return f.Store.StepGroupSessions(gid)
+	return f.Store.GroupSessions(gid)
 }
 
 // TestArchiveSkipsFailingStep: a step that fails to archive holds back none after it; it

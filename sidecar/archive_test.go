@@ -400,6 +400,9 @@ func TestArchiveDroppedGroups(t *testing.T) {
 				if seen[k] || (r.GroupID == "gd") != (r.Step == nil) {
 					t.Fatalf("call %+v: twice %v, step %v", k, seen[k], r.Step)
 				}
+				if r.GroupID == "gd" && (r.Trainable || r.UntrainableReason != "group dropped: 0 usable sessions, fewer than 2") {
+					t.Fatalf("dropped group's call %+v: trainable %v (%q), but no step trained on it", k, r.Trainable, r.UntrainableReason)
+				}
 				seen[k] = true
 			}
 			sess, err := archive.ReadSessions(dir+"/archive", mem)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -335,30 +333,7 @@ func TestServeRefusesOpenListenersWithoutTokens(t *testing.T) {
 func TestProxyCommandSplitsListeners(t *testing.T) {
 	up := fakeEngine()
 	defer up.Close()
-	raw, _ := json.Marshal([]string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL})
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs strings.Builder
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
-	}
-	var addrs struct{ Proxy, Control string }
-	if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs.Proxy == "" || addrs.Control == "" || addrs.Proxy == addrs.Control {
-		t.Fatalf("announcement %q: want distinct proxy and control", line)
-	}
+	p := startFloeProxy(t, "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL)
 	post := func(url, key, body string) (int, map[string]any) {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 		if key != "" {
@@ -373,17 +348,17 @@ func TestProxyCommandSplitsListeners(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&m)
 		return resp.StatusCode, m
 	}
-	if code, _ := post(addrs.Proxy+"/floe/v1/sessions", "", `{"task_id": "t"}`); code != http.StatusNotFound {
+	if code, _ := post(p.proxy+"/floe/v1/sessions", "", `{"task_id": "t"}`); code != http.StatusNotFound {
 		t.Errorf("POST /floe/v1/sessions on the proxy: %d, want 404", code)
 	}
-	code, s := post(addrs.Control+"/floe/v1/sessions", "", `{"task_id": "t"}`)
+	code, s := post(p.control+"/floe/v1/sessions", "", `{"task_id": "t"}`)
 	if code != 200 {
 		t.Fatalf("POST /floe/v1/sessions on the control address: %d %v", code, s)
 	}
-	if code, _ := post(addrs.Control+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != http.StatusNotFound {
+	if code, _ := post(p.control+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != http.StatusNotFound {
 		t.Errorf("a model call on the control address: %d, want 404", code)
 	}
-	if code, m := post(addrs.Proxy+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+	if code, m := post(p.proxy+"/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`); code != 200 {
 		t.Errorf("a model call on the proxy: %d %v", code, m)
 	}
 }

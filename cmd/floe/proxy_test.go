@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"reflect"
 	"strings"
 	"testing"
@@ -29,33 +26,10 @@ func TestProxyMaxStoredBytesDropsOldestCalls(t *testing.T) {
 		{name: "unbounded", limit: "0", wantIndexes: []any{0.0, 1.0, 2.0}, wantDropped: "floe_proxy_dropped_calls_total 0\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			raw, _ := json.Marshal([]string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL,
-				"-session", "k=s", "-max-stored-bytes", tc.limit})
-			cmd := exec.Command(os.Args[0])
-			cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var logs strings.Builder
-			cmd.Stderr = &logs
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}()
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil {
-				t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
-			}
-			var addrs struct{ Proxy, Control string }
-			if err := json.Unmarshal([]byte(line), &addrs); err != nil {
-				t.Fatal(err)
-			}
+			p := startFloeProxy(t, "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL,
+				"-session", "k=s", "-max-stored-bytes", tc.limit)
 			for i := 0; i < 3; i++ {
-				req, _ := http.NewRequest(http.MethodPost, addrs.Proxy+"/v1/chat/completions", strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
+				req, _ := http.NewRequest(http.MethodPost, p.proxy+"/v1/chat/completions", strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
 				req.Header.Set("Authorization", "Bearer k")
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
@@ -68,7 +42,7 @@ func TestProxyMaxStoredBytesDropsOldestCalls(t *testing.T) {
 				}
 			}
 			get := func(path string) []byte {
-				resp, err := http.Get(addrs.Control + path)
+				resp, err := http.Get(p.control + path)
 				if err != nil {
 					t.Fatal(err)
 				}

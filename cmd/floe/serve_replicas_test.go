@@ -1,15 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -202,34 +198,10 @@ func TestProxyFailsOverBetweenReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead.Stop()
-	args := []string{"proxy", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-open-sessions",
-		"-upstream", dead.URL, "-upstream", live.URL}
-	raw, _ := json.Marshal(args)
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs strings.Builder
-	cmd.Stderr = &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
-	}
-	var addrs struct{ Proxy string }
-	if err := json.Unmarshal([]byte(line), &addrs); err != nil {
-		t.Fatal(err)
-	}
+	p := startFloeProxy(t, "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-open-sessions",
+		"-upstream", dead.URL, "-upstream", live.URL)
 	for i := range 8 {
-		req, _ := http.NewRequest(http.MethodPost, addrs.Proxy+"/v1/chat/completions",
+		req, _ := http.NewRequest(http.MethodPost, p.proxy+"/v1/chat/completions",
 			strings.NewReader(`{"model":"x","messages":[{"role":"user","content":"hi"}]}`))
 		req.Header.Set("Authorization", fmt.Sprintf("Bearer key-%d", i))
 		resp, err := http.DefaultClient.Do(req)
@@ -239,7 +211,7 @@ func TestProxyFailsOverBetweenReplicas(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
-			t.Fatalf("call %d with a dead replica: %d %s\n%s", i, resp.StatusCode, body, logs.String())
+			t.Fatalf("call %d with a dead replica: %d %s\n%s", i, resp.StatusCode, body, p.logs.String())
 		}
 	}
 	if n := len(live.Calls()); n != 8 {

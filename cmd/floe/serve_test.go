@@ -113,6 +113,43 @@ func startFloeEnv(t *testing.T, env []string, args ...string) *floeProc {
 	return p
 }
 
+// proxyProc is a floe proxy child process: the addresses it announced and its log.
+type proxyProc struct {
+	proxy, control string
+	logs           *strings.Builder
+}
+
+// startFloeProxy runs floe proxy with args (no control token) and waits for its
+// announcement; the process is killed when the test ends.
+func startFloeProxy(t *testing.T, args ...string) proxyProc {
+	t.Helper()
+	raw, _ := json.Marshal(append([]string{"proxy"}, args...))
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "FLOE_MAIN_ARGS="+string(raw), "FLOE_CONTROL_TOKEN=")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &strings.Builder{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("floe proxy announced nothing: %v\n%s", err, logs.String())
+	}
+	var addrs struct{ Proxy, Control string }
+	if err := json.Unmarshal([]byte(line), &addrs); err != nil || addrs.Proxy == "" || addrs.Control == "" || addrs.Proxy == addrs.Control {
+		t.Fatalf("announcement %q: %v; want distinct proxy and control", line, err)
+	}
+	return proxyProc{proxy: addrs.Proxy, control: addrs.Control, logs: logs}
+}
+
 // bearer is a gRPC per-call credential: authorization: Bearer <token>.
 type bearer string
 

@@ -225,7 +225,8 @@ func TestWriteDroppedGroup(t *testing.T) {
 	g := st.Groups[1]
 	g.ID = "weird/id with spaces"
 	for range 2 {
-		if err := WriteDroppedGroup(root, DroppedDir(g.ID, 3), &g, "1 usable session, fewer than 2", nil, mem, WriteOptions{}); err != nil {
+		if err := WriteDroppedGroup(root, DroppedDir(g.ID, 3), "1 usable session, fewer than 2",
+			func(r *Rows) error { return r.Group(&g, nil) }, mem, WriteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -94,31 +94,24 @@ type StepHead struct {
 	Committed time.Time
 }
 
-// WriteDroppedGroup writes group g, dropped before any step for reason, as WriteStep
-// writes a step: its calls then its sessions, atomically, with a null step and the
-// reason on each session, in partitions named dir (DroppedDir).
-func WriteDroppedGroup(root, dir string, g *trace.Group, reason string, sessions map[string]SessionInfo, mem memory.Allocator, opt WriteOptions) error {
+// WriteDroppedGroup writes a group dropped before any step for reason, as WriteStepRows
+// writes a step: the calls and sessions source hands its Rows, streamed, then its
+// sessions, atomically, with a null step and the reason on each session, in partitions
+// named dir (DroppedDir).
+func WriteDroppedGroup(root, dir, reason string, source func(*Rows) error, mem memory.Allocator, opt WriteOptions) error {
 	opt = opt.withDefaults()
-	sess := newSessionsBuilder(mem)
-	defer sess.release()
+	r := &Rows{sess: newSessionsBuilder(mem), dropReason: reason}
+	defer r.sess.release()
 	err := writeCallsFile(filepath.Join(root, CallsTable, dir, PartFile), mem, opt, func(add AddCall) error {
-		for si := range g.Sessions {
-			s := &g.Sessions[si]
-			for ci := range s.Calls {
-				if err := add(nil, g.ID, s.TaskID, &s.Calls[ci]); err != nil {
-					return err
-				}
-			}
-			sess.append(nil, g.ID, s, len(s.Calls), sessions[s.ID], reason)
-		}
-		return nil
+		r.add = add
+		return source(r)
 	})
 	if err != nil {
-		return fmt.Errorf("archive dropped group %s calls: %w", g.ID, err)
+		return fmt.Errorf("archive dropped group %s calls: %w", dir, err)
 	}
 	opt.At(StageCalls)
-	if err := writeRecord(filepath.Join(root, SessionsTable, dir), sess.b, mem); err != nil {
-		return fmt.Errorf("archive dropped group %s sessions: %w", g.ID, err)
+	if err := writeRecord(filepath.Join(root, SessionsTable, dir), r.sess.b, mem); err != nil {
+		return fmt.Errorf("archive dropped group %s sessions: %w", dir, err)
 	}
 	opt.At(StageSessions)
 	return nil
@@ -148,30 +141,19 @@ func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) erro
 // WriteStepGroups writes step head's files (WriteStepRows) from groups, each held whole
 // in memory while it is written.
 func WriteStepGroups(root string, head StepHead, groups GroupSource, mem memory.Allocator, opt WriteOptions) error {
-	return WriteStepRows(root, head, func(r *Rows) error {
-		return groups(func(g *trace.Group, info map[string]SessionInfo) error {
-			for si := range g.Sessions {
-				s := &g.Sessions[si]
-				for ci := range s.Calls {
-					if err := r.Call(g.ID, s.TaskID, &s.Calls[ci]); err != nil {
-						return err
-					}
-				}
-				r.Session(g.ID, s, len(s.Calls), info[s.ID])
-			}
-			return nil
-		})
-	}, mem, opt)
+	return WriteStepRows(root, head, func(r *Rows) error { return groups(r.Group) }, mem, opt)
 }
 
 // Rows takes a step's rows as its source reads them (WriteStepRows): each call is
 // appended to the calls being written and not kept.
 type Rows struct {
-	step      *int64
-	add       AddCall
-	sess      *sessionsBuilder
-	nSessions int
-	nCalls    int
+	step *int64 // nil: a dropped group's
+	// dropReason is a dropped group's reason, on each of its sessions.
+	dropReason string
+	add        AddCall
+	sess       *sessionsBuilder
+	nSessions  int
+	nCalls     int
 }
 
 // Call adds call c of group groupID (task taskID).
@@ -184,7 +166,21 @@ func (r *Rows) Call(groupID, taskID string, c *trace.Call) error {
 // many it has).
 func (r *Rows) Session(groupID string, s *trace.Session, calls int, info SessionInfo) {
 	r.nSessions++
-	r.sess.append(r.step, groupID, s, calls, info, "")
+	r.sess.append(r.step, groupID, s, calls, info, r.dropReason)
+}
+
+// Group adds group g, held in memory: each session's calls, then the session.
+func (r *Rows) Group(g *trace.Group, info map[string]SessionInfo) error {
+	for si := range g.Sessions {
+		s := &g.Sessions[si]
+		for ci := range s.Calls {
+			if err := r.Call(g.ID, s.TaskID, &s.Calls[ci]); err != nil {
+				return err
+			}
+		}
+		r.Session(g.ID, s, len(s.Calls), info[s.ID])
+	}
+	return nil
 }
 
 // WriteStepRows writes step head's three partition files under root: its calls, its

@@ -28,7 +28,7 @@ type SessionTimes struct {
 }
 
 // StepContents is a committed step's record and how far its archiving got; the archiver
-// reads its groups one at a time (StepGroupSessions, EachCall).
+// reads its groups one at a time (GroupSessions, EachCall).
 type StepContents struct {
 	Record      trace.StepRecord
 	CommittedAt time.Time
@@ -59,7 +59,7 @@ func (s *Store) ArchivableSteps() ([]int64, error) {
 }
 
 // CommittedStepHead reads committed step n's record, without its groups' data: the
-// archiver then reads the groups one at a time (StepGroupSessions, EachCall), so a step
+// archiver then reads the groups one at a time (GroupSessions, EachCall), so a step
 // of any size is never in memory whole. Errors as CommittedStep's.
 func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 	var out StepContents
@@ -78,34 +78,19 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 	return out, err
 }
 
-// StepGroupSessions reads group gid with its sessions (in creation order) without their
+// GroupSessions reads group gid with its sessions (in creation order) without their
 // calls, and their times: the archiver then reads each session's calls one at a time
-// (EachCall).
-func (s *Store) StepGroupSessions(gid string) (trace.Group, map[string]SessionTimes, error) {
+// (EachCall), so a group of any size is never in memory whole.
+func (s *Store) GroupSessions(gid string) (trace.Group, map[string]SessionTimes, error) {
 	var g trace.Group
 	times := map[string]SessionTimes{}
 	err := s.view(func(tx *bolt.Tx) error {
-		b, gi, err := groupBucket(tx, gid)
-		if err != nil {
-			return err
-		}
-		g = trace.Group{ID: gid, TaskID: gi.Task}
-		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
-			sess, _, err := readSession(tx, string(sid), false)
-			if err != nil {
-				return err
-			}
-			_, info, err := sessionBucket(tx, string(sid))
-			if err != nil {
-				return err
-			}
-			times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
-			g.Sessions = append(g.Sessions, sess)
-			return nil
-		})
+		var err error
+		g, err = readGroup(tx, gid, false, times)
+		return err
 	})
 	if err != nil {
-		return trace.Group{}, nil, fmt.Errorf("group %s: %w", gid, err)
+		return trace.Group{}, nil, err
 	}
 	return g, times, nil
 }
@@ -143,24 +128,26 @@ func (s *Store) EachCall(sid string, fn func(c *trace.Call) error) error {
 	})
 }
 
-// readGroupWithTimes reads group gid with its sessions and their calls, adding the
-// sessions' times to times.
-func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) (trace.Group, error) {
+// readGroup reads group gid with its sessions (in creation order), with their calls when
+// calls is set, adding the sessions' times to times when it is not nil.
+func readGroup(tx *bolt.Tx, gid string, calls bool, times map[string]SessionTimes) (trace.Group, error) {
 	b, gi, err := groupBucket(tx, gid)
 	if err != nil {
 		return trace.Group{}, err
 	}
 	g := trace.Group{ID: gid, TaskID: gi.Task}
 	err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
-		sess, _, err := readSession(tx, string(sid), true)
+		sess, _, err := readSession(tx, string(sid), calls)
 		if err != nil {
 			return err
 		}
-		_, info, err := sessionBucket(tx, string(sid))
-		if err != nil {
-			return err
+		if times != nil {
+			_, info, err := sessionBucket(tx, string(sid))
+			if err != nil {
+				return err
+			}
+			times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
 		}
-		times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
 		g.Sessions = append(g.Sessions, sess)
 		return nil
 	})
@@ -172,7 +159,7 @@ func readGroupWithTimes(tx *bolt.Tx, gid string, times map[string]SessionTimes) 
 
 // Dropped is a group dropped before any step, with everything the archive keeps of it.
 type Dropped struct {
-	Group  trace.Group
+	Group  trace.Group // its sessions without their calls (EachCall reads them)
 	Reason string
 	// Seq numbers it among the groups the store dropped (0: dropped by a floe that did
 	// not number them).
@@ -180,8 +167,8 @@ type Dropped struct {
 	Times map[string]SessionTimes // by session id
 }
 
-// DroppedGroup reads dropped group id with its sessions, their calls and times, and the
-// reason it was dropped. An error for a group not dropped.
+// DroppedGroup reads dropped group id with its sessions (without their calls) and their
+// times, and the reason it was dropped. An error for a group not dropped.
 func (s *Store) DroppedGroup(id string) (Dropped, error) {
 	d := Dropped{Times: map[string]SessionTimes{}}
 	err := s.view(func(tx *bolt.Tx) error {
@@ -193,7 +180,7 @@ func (s *Store) DroppedGroup(id string) (Dropped, error) {
 			return fmt.Errorf("group %q is not dropped", id)
 		}
 		d.Reason, d.Seq = gi.DropReason, gi.DropSeq
-		d.Group, err = readGroupWithTimes(tx, id, d.Times)
+		d.Group, err = readGroup(tx, id, false, d.Times)
 		return err
 	})
 	return d, err

@@ -798,19 +798,9 @@ func readSession(tx *bolt.Tx, id string, calls bool) (trace.Session, *sessCache,
 func (s *Store) Group(id string) (trace.Group, error) {
 	var out trace.Group
 	err := s.view(func(tx *bolt.Tx) error {
-		b, gi, err := groupBucket(tx, id)
-		if err != nil {
-			return err
-		}
-		out = trace.Group{ID: id, TaskID: gi.Task}
-		return b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
-			sess, _, err := readSession(tx, string(sid), true)
-			if err != nil {
-				return err
-			}
-			out.Sessions = append(out.Sessions, sess)
-			return nil
-		})
+		var err error
+		out, err = readGroup(tx, id, true, nil)
+		return err
 	})
 	return out, err
 }
