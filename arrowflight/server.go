@@ -147,12 +147,14 @@ func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 // waitContext bounds a wait by MaxWait when the client set no deadline, and otherwise
 // ends it a little before the client's deadline, so that the client receives floe's
 // "not READY" answer (which names the READY steps) rather than its own bare timeout.
+// The margin is a tenth of the time left, up to a second: on a loaded machine the answer
+// can take tens of milliseconds to reach the client, and a fixed 50 ms was not enough.
 func (s *Server) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return context.WithTimeout(ctx, s.MaxWait)
 	}
-	margin := min(50*time.Millisecond, time.Until(d)/10)
+	margin := min(time.Second, time.Until(d)/10)
 	return context.WithDeadline(ctx, d.Add(-margin))
 }
 

@@ -348,10 +348,20 @@ def test_server_deadline_names_ready_steps(floe_server: Start) -> None:
     the client only sees gRPC's own "Deadline Exceeded" / "Stream removed")."""
     server = floe_server(groups=GROUPS, steps_ahead=1)
     raw = flight.FlightClient(server.location)
+    # The server answers a tenth of the deadline early (at most 1 s). The deadline is taken
+    # from this machine's round trip, not fixed: on a loaded machine a 0.3 s deadline left
+    # 30 ms for floe's answer, and gRPC's own "Deadline Exceeded" won the race.
+    with FloeClient(server.location) as client:
+        _wait_status(client, "ready", [0])
+        t0 = time.monotonic()
+        for _ in range(5):
+            client.status()
+        round_trip = (time.monotonic() - t0) / 5
+    deadline = max(2.0, 100 * round_trip)
     messages = []
     for _ in range(3):
         err = _raw_error(lambda: raw.get_flight_info(flight.FlightDescriptor.for_path("step", "2"),
-                                                     options=flight.FlightCallOptions(timeout=0.3)))
+                                                     options=flight.FlightCallOptions(timeout=deadline)))
         mapped = translate_error(err, timed_out=True)
         assert isinstance(mapped, NotReady)
         messages.append(mapped.message)
