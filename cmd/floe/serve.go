@@ -61,7 +61,20 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer stopProfiling()
-	return sidecar.Serve(ctx, cfg, log, sidecar.AnnounceJSON(stdout))
+	log.Info("floe starting", "version", cli.Version(), "pid", os.Getpid())
+	// A signal (SIGINT, SIGTERM) ends ctx: say so when it happens, since the drain that
+	// follows can take up to the HTTP servers' shutdown grace.
+	stopDrainLine := context.AfterFunc(ctx, func() {
+		log.Info("floe stopping: no new calls; draining calls in flight, then closing the store", "cause", context.Cause(ctx))
+	})
+	defer stopDrainLine()
+	err = sidecar.Serve(ctx, cfg, log, sidecar.AnnounceJSON(stdout))
+	if err != nil {
+		log.Error("floe stopped on an error", "err", err)
+		return err
+	}
+	log.Info("floe stopped")
+	return nil
 }
 
 // applyConfigFile sets the flags of fs that the command line did not set from the YAML

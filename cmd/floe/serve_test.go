@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,5 +306,36 @@ func TestServeSurvivesKill9(t *testing.T) {
 	}
 	for _, r := range append(append(step0, step1...), again...) {
 		r.Release()
+	}
+}
+
+// TestServeLogsItsLifecycle: an operator reading floe's log sees which build started,
+// that a SIGTERM was taken (the drain can take a while) and that floe stopped cleanly.
+func TestServeLogsItsLifecycle(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+		"-upstream", up.URL)
+	if err := f.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cmd.Wait(); err != nil {
+		t.Fatalf("floe serve after SIGTERM: %v\n%s", err, f.logs.String())
+	}
+	logs := f.logs.String()
+	// "floe serving" is logged after the announcement the test waits for, so the signal
+	// may come before it: only these three lines have an order.
+	want := []string{
+		`msg="floe starting" version=`,
+		`msg="floe stopping: no new calls; draining calls in flight, then closing the store"`,
+		`msg="floe stopped"`,
+	}
+	at := 0
+	for _, w := range want {
+		i := strings.Index(logs[at:], w)
+		if i < 0 {
+			t.Fatalf("no %s after byte %d of the log:\n%s", w, at, logs)
+		}
+		at += i + len(w)
 	}
 }

@@ -10,13 +10,44 @@ import (
 	"runtime/debug"
 )
 
-// Version is the module version the binary was built from, or "(devel)" for a build
-// from a working tree.
+// version is stamped at build time: go build -ldflags "-X
+// github.com/floe-rl/floe/internal/cli.version=$(git describe --always --dirty)" (make
+// build, floe_stack.build_floe). A plain go build leaves it empty.
+var version string
+
+// Version is what the binary says it is: the stamped version; else the module version
+// of a go install'ed release; else the commit Go recorded (-buildvcs), "+dirty" when the
+// tree had changes; else "(devel)".
 func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
+	bi, _ := debug.ReadBuildInfo()
+	return versionOf(version, bi)
+}
+
+func versionOf(stamped string, bi *debug.BuildInfo) string {
+	if stamped != "" {
+		return stamped
 	}
-	return "(devel)"
+	if bi == nil {
+		return "(devel)"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "(devel)"
+	}
+	return "devel-" + rev[:min(12, len(rev))] + dirty
 }
 
 // NewFlagSet is a subcommand's flag set: errors and help go to stderr, the help headed by

@@ -46,6 +46,20 @@ _built: dict[tuple[str, str], Path] = {}
 _build_lock = threading.Lock()
 
 
+# The variable `floe version` prints, stamped at build time (internal/cli).
+VERSION_VAR = "github.com/floe-rl/floe/internal/cli.version"
+
+
+def _describe(root: str | os.PathLike[str]) -> str:
+    """The checkout's ``git describe --always --dirty``, so that a built floe names the
+    commit it came from; "(devel)" outside a git checkout."""
+    try:
+        r = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
+    except FileNotFoundError:
+        return "(devel)"
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "(devel)"
+
+
 def build_floe(out_dir: str | os.PathLike[str], root: str | os.PathLike[str], go: str | None = None) -> Path:
     """The floe binary: ``$FLOE_BIN`` when set, else ``go build ./cmd/floe`` of the module at
     ``root`` into ``out_dir``, once per process and checkout (later calls return the first
@@ -60,7 +74,8 @@ def build_floe(out_dir: str | os.PathLike[str], root: str | os.PathLike[str], go
         out = Path(out_dir) / "floe"
         try:
             r = subprocess.run(
-                [go, "build", "-o", str(out), "./cmd/floe"], cwd=root, capture_output=True, text=True
+                [go, "build", "-ldflags", f"-X {VERSION_VAR}={_describe(root)}", "-o", str(out), "./cmd/floe"],
+                cwd=root, capture_output=True, text=True,
             )
         except FileNotFoundError as e:
             raise RuntimeError(f"building floe needs Go ({go}: {e}) or FLOE_BIN set to a floe binary") from e
