@@ -280,12 +280,13 @@ func ParseUpstreams(s string) ([]string, error) {
 			}
 			return nil, fmt.Errorf("-upstream: a URL that does not parse (%w): want an http:// or https:// base URL such as http://127.0.0.1:8000", err)
 		}
-		label := proxy.ReplicaLabel(raw)
 		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			shown := *u
 			shown.RawQuery, shown.Fragment = "", ""
 			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", shown.Redacted())
 		}
+		raw, _ = UpstreamRoot(raw)
+		label := proxy.ReplicaLabel(raw)
 		if seen[label] {
 			return nil, fmt.Errorf("-upstream %s is given twice", label)
 		}
@@ -293,4 +294,16 @@ func ParseUpstreams(s string) ([]string, error) {
 		out = append(out, raw)
 	}
 	return out, nil
+}
+
+// UpstreamRoot is an -upstream URL as floe uses it: the server's root, under which the
+// engines add /v1/chat/completions, /tokenize and /health. vLLM and floe's reference
+// server print their OpenAI base URL, which ends in /v1; given that, every call would go
+// to /v1/v1/... and answer 404, so a trailing /v1 is taken off (trimmed reports it).
+func UpstreamRoot(raw string) (root string, trimmed bool) {
+	path := strings.TrimRight(raw, "/")
+	if base, ok := strings.CutSuffix(path, "/v1"); ok {
+		return base, true
+	}
+	return raw, false
 }

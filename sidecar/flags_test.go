@@ -46,6 +46,9 @@ func TestRegisterFlagsParses(t *testing.T) {
 		{name: "upstream without scheme", args: []string{"-upstream", "vllm-0:8000"}, wantErr: `-upstream vllm-0:8000: want an http:// or https:// base URL`},
 		{name: "upstream with an empty URL", args: []string{"-upstream", "http://a:1,"}, wantErr: `-upstream "http://a:1,": an empty URL`},
 		{name: "upstream given twice", args: []string{"-upstream", "http://a:1", "-upstream", "http://a:1/"}, wantErr: `-upstream http://a:1 is given twice`},
+		{name: "upstream given as the OpenAI base URL", args: []string{"-upstream", "http://a:8000/v1,http://b:8000/v1/,http://c/vllm/v1"},
+			want: with(func(c *Config) { c.Upstream = "http://a:8000/v1,http://b:8000/v1/,http://c/vllm/v1" })},
+		{name: "upstream given twice, once with /v1", args: []string{"-upstream", "http://a:1", "-upstream", "http://a:1/v1"}, wantErr: `-upstream http://a:1 is given twice`},
 		{name: "upstream ftp", args: []string{"-upstream", "ftp://user:secret@a:1"}, wantErr: `-upstream ftp://user:xxxxx@a:1: want an http:// or https://`},
 		{name: "upstream health and session header", args: []string{"-upstream-health-interval", "1s", "-upstream-session-header", ""},
 			want: with(func(c *Config) { c.UpstreamHealthInterval, c.UpstreamSessionHeader = time.Second, "" })},
@@ -249,4 +252,20 @@ func TestLoadTokens(t *testing.T) {
 func sorted(s []string) []string {
 	sort.Strings(s)
 	return s
+}
+
+func TestParseUpstreamsTakesTheServersRoot(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"http://127.0.0.1:18000/v1", "http://127.0.0.1:18000"},
+		{"http://127.0.0.1:18000/v1/", "http://127.0.0.1:18000"},
+		{"http://router/vllm/v1", "http://router/vllm"},
+		{"http://127.0.0.1:8000", "http://127.0.0.1:8000"},
+		{"http://127.0.0.1:8000/", "http://127.0.0.1:8000/"},
+		{"http://router/v1beta", "http://router/v1beta"},
+	} {
+		got, err := ParseUpstreams(tc.in)
+		if err != nil || len(got) != 1 || got[0] != tc.want {
+			t.Errorf("ParseUpstreams(%q) = %q, %v; want [%q]", tc.in, got, err, tc.want)
+		}
+	}
 }

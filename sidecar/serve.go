@@ -169,6 +169,11 @@ func NewUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*p
 	if kind == "" {
 		kind = "vllm"
 	}
+	for _, raw := range strings.Split(cfg.Upstream, ",") {
+		if root, trimmed := UpstreamRoot(strings.TrimSpace(raw)); trimmed {
+			log.Info("-upstream is the inference server's root: floe adds /v1 itself", "given", proxy.ReplicaLabel(raw), "using", proxy.ReplicaLabel(root))
+		}
+	}
 	var rs []proxy.Replica
 	for _, u := range urls {
 		// Each engine asks its own replica for the served model (when -model is not

@@ -339,3 +339,24 @@ func TestServeLogsItsLifecycle(t *testing.T) {
 		at += i + len(w)
 	}
 }
+
+// TestServeTakesTheUpstreamsOpenAIBaseURL: the URL vLLM and the reference server print
+// ends in /v1; floe serve given it says so at start-up and its calls reach the engine.
+func TestServeTakesTheUpstreamsOpenAIBaseURL(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
+		"-upstream", up.URL+"/v1")
+	s := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t", "group_id": "g", "group_size": 2}`)
+	got := f.post(t, "/v1/chat/completions", s["api_key"].(string), `{"model":"x","messages":[{"role":"user","content":"hi"}]}`)
+	if ch, _ := got["choices"].([]any); len(ch) != 1 {
+		t.Fatalf("a call through -upstream .../v1: %v", got)
+	}
+	if err := f.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.cmd.Wait()
+	if want := `msg="-upstream is the inference server's root: floe adds /v1 itself"`; !strings.Contains(f.logs.String(), want) {
+		t.Errorf("no %s in the log:\n%s", want, f.logs.String())
+	}
+}
