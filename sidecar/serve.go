@@ -290,6 +290,9 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err != nil {
 		return err
 	}
+	if err := CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
+		return err
+	}
 	store, err := bolt.New(cfg.DataDir, bolt.Options{})
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)

@@ -94,3 +94,24 @@ func TestFloeLinksNoBenchmarks(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRefusesAModelTheUpstreamDoesNotServe: the mistake is found at start-up, not as
+// a 404 to the first harness call.
+func TestServeRefusesAModelTheUpstreamDoesNotServe(t *testing.T) {
+	up := fakeEngine() // serves "m"
+	defer up.Close()
+	for _, cmd := range [][]string{
+		{"serve", "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0"},
+		{"proxy", "-proxy-addr", "127.0.0.1:0"},
+	} {
+		args := append(cmd, "-upstream", up.URL, "-model", "Qwen/Qwen3-8B")
+		var stdout, stderr bytes.Buffer
+		want := `-model "Qwen/Qwen3-8B": upstream ` + up.URL + ` serves "m"`
+		if code := run(context.Background(), args, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("floe %s: exit %d, stderr %q; want exit 1 mentioning %q", cmd[0], code, stderr.String(), want)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("floe %s announced %q before refusing", cmd[0], stdout.String())
+		}
+	}
+}

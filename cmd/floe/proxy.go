@@ -56,6 +56,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if err := sidecar.CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
+		return err
+	}
 	store := &mem.Store{MaxStoredBytes: *maxStored}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
