@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -282,13 +284,14 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 func TestServeArchivesCommittedSteps(t *testing.T) {
 	cfg := testConfig(t)
 	mem := checkedMem(t)
-	var keys []string
+	var keys, ids []string
 	t.Run("serve", func(t *testing.T) {
 		r := startServe(t, cfg)
 		for i := range 2 {
 			s := r.post("/floe/v1/sessions", "", `{"task_id": "t0", "group_id": "g0"}`, 200)
 			key := s["api_key"].(string)
 			keys = append(keys, key)
+			ids = append(ids, s["session_id"].(string))
 			r.post("/v1/chat/completions", key, fmt.Sprintf(`{"model":"x","messages":[{"role":"user","content":"session %d"}]}`, i), 200)
 			r.post("/floe/v1/sessions/"+s["session_id"].(string)+"/finish", "", fmt.Sprintf(`{"reward": %d, "status": "completed"}`, i), 200)
 		}
@@ -303,6 +306,22 @@ func TestServeArchivesCommittedSteps(t *testing.T) {
 		})
 		for _, k := range keys {
 			r.post("/v1/chat/completions", k, `{"model":"x","messages":[{"role":"user","content":"again"}]}`, 401)
+		}
+		// Reading an archived session says where it went, not "unknown session".
+		resp, err := http.Get(r.control + "/floe/v1/sessions/" + ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gone map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&gone)
+		resp.Body.Close()
+		calls := archive.PartitionDir(cfg.DataDir+"/archive", archive.CallsTable, 0)
+		if msg, _ := gone["error"].(string); resp.StatusCode != http.StatusGone || gone["archived_step"] != float64(0) ||
+			gone["calls"] != calls || !strings.Contains(msg, "was archived with step 0") {
+			t.Fatalf("GET of an archived session: %d %v; want 410 naming step 0 and %s", resp.StatusCode, gone, calls)
+		}
+		if _, err := os.Stat(filepath.Join(calls, archive.PartFile)); err != nil {
+			t.Fatalf("the partition named: %v", err)
 		}
 	})
 	rows, err := archive.ReadCalls(cfg.DataDir+"/archive", mem)

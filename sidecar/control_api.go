@@ -9,11 +9,14 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"path/filepath"
 	"sync"
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/archive"
+	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // SessionStore is what the control API needs of the trace store: mem.Store or the
@@ -56,6 +59,9 @@ type ControlAPI struct {
 	// Status, when set, is floe's status for GET /floe/v1/status (the same the Flight
 	// status action answers); without it the gate's state alone is reported.
 	Status func() Status
+	// ArchiveDir is where archived steps go; with a Store that remembers forgotten
+	// sessions (bolt.Store), GET of an archived session names its partition there.
+	ArchiveDir string
 
 	mu       sync.Mutex
 	sessions int
@@ -155,6 +161,9 @@ func (c *ControlAPI) getSession(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s, err := c.Store.Session(id)
 	if err != nil {
+		if c.answerArchived(w, id) {
+			return
+		}
 		c.error(w, http.StatusNotFound, "%v", err)
 		return
 	}
@@ -248,4 +257,57 @@ func token(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// forgettingStore is a SessionStore that remembers where archived sessions went.
+type forgettingStore interface {
+	ForgottenSession(id string) (bolt.Forgotten, bool, error)
+}
+
+// answerArchived answers GET of a session that was archived and left the store with 410
+// Gone, naming the step it went with and its archive partitions; it reports false for an
+// id the store never forgot.
+func (c *ControlAPI) answerArchived(w http.ResponseWriter, id string) bool {
+	fs, ok := c.Store.(forgettingStore)
+	if !ok {
+		return false
+	}
+	f, ok, err := fs.ForgottenSession(id)
+	if err != nil || !ok {
+		return false
+	}
+	out := map[string]any{"session_id": id}
+	var where string
+	switch {
+	case !f.Known:
+		where = "was archived and left the store (by a floe that did not record the step)"
+	case f.Dropped:
+		where = fmt.Sprintf("was archived with its dropped group (drop %d) and left the store", f.DropSeq)
+		out["dropped_group_seq"] = f.DropSeq
+	default:
+		where = fmt.Sprintf("was archived with step %d and left the store", f.Step)
+		out["archived_step"] = f.Step
+	}
+	msg := "session " + id + " " + where
+	if c.ArchiveDir != "" && f.Known {
+		out["archive"] = c.ArchiveDir
+		if !f.Dropped {
+			calls := archive.PartitionDir(c.ArchiveDir, archive.CallsTable, f.Step)
+			sessions := archive.PartitionDir(c.ArchiveDir, archive.SessionsTable, f.Step)
+			out["calls"], out["sessions"] = calls, sessions
+			msg += fmt.Sprintf(": its calls are in %s, its record in %s", calls, sessions)
+		} else {
+			// Drops are numbered once per store, so the pattern names one partition.
+			part := fmt.Sprintf("dropped-*-%06d", f.DropSeq)
+			calls := filepath.Join(c.ArchiveDir, archive.CallsTable, part)
+			sessions := filepath.Join(c.ArchiveDir, archive.SessionsTable, part)
+			out["calls"], out["sessions"] = calls, sessions
+			msg += fmt.Sprintf(": its calls are in %s, its record in %s", calls, sessions)
+		}
+	}
+	out["error"] = msg + " (docs/archive.md)"
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusGone)
+	_ = json.NewEncoder(w).Encode(out)
+	return true
 }

@@ -387,7 +387,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
 	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward}
+		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
+		ArchiveDir: cfg.archiveDir()}
 	// An idle keep-alive connection from a harness is closed after IdleTimeout, so
 	// connections left open cannot pile up.
 	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}

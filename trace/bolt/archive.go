@@ -193,8 +193,9 @@ func (s *Store) DroppedGroup(id string) (Dropped, error) {
 const (
 	tombGroup   byte = 'g'
 	tombSession byte = 's'
-	// tombKeyBytes is a tombstone's key; its value is one byte, and bbolt adds 16 bytes
-	// of leaf header: 34 bytes a forgotten id.
+	// tombKeyBytes is a tombstone's key; its value is the fate (a byte and a uvarint,
+	// 2–4 bytes for a step below 2M), and bbolt adds 16 bytes of leaf header: 35–37 bytes
+	// a forgotten id.
 	tombKeyBytes = 1 + 16
 )
 
@@ -210,8 +211,62 @@ func forgotten(tx *bolt.Tx, kind byte, id string) bool {
 	return b != nil && b.Get(tombKey(kind, id)) != nil
 }
 
-func bury(tx *bolt.Tx, kind byte, id string) error {
-	return tx.Bucket(bForgotten).Put(tombKey(kind, id), []byte{1})
+// A tombstone's value says where the id went: fateStep and the step's number, or
+// fateDropped and the group's DropSeq (with the id, its archive partition). Tombstones
+// written before the fate was kept hold the single byte 1: forgotten, fate unknown.
+const (
+	fateStep    byte = 's'
+	fateDropped byte = 'd'
+)
+
+func stepFate(n int64) []byte       { return binary.AppendUvarint([]byte{fateStep}, uint64(n)) }
+func droppedFate(seq uint64) []byte { return binary.AppendUvarint([]byte{fateDropped}, seq) }
+
+func bury(tx *bolt.Tx, kind byte, id string, fate []byte) error {
+	return tx.Bucket(bForgotten).Put(tombKey(kind, id), fate)
+}
+
+// Forgotten is where a session went when it left the store: into committed step Step's
+// archive partition, or (Dropped) into its dropped group's, DropSeq numbering the drop.
+// Known is false for a session forgotten before floe kept where.
+type Forgotten struct {
+	Known   bool
+	Step    int64
+	Dropped bool
+	DropSeq uint64
+}
+
+// ForgottenSession says whether session id was archived and forgotten, and where it
+// went; ok is false for an id the store never forgot (unknown, or still live).
+func (s *Store) ForgottenSession(id string) (f Forgotten, ok bool, err error) {
+	err = s.view(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bForgotten)
+		if b == nil {
+			return nil
+		}
+		v := b.Get(tombKey(tombSession, id))
+		if v == nil {
+			return nil
+		}
+		ok = true
+		if len(v) < 2 {
+			return nil
+		}
+		n, size := binary.Uvarint(v[1:])
+		if size <= 0 {
+			return fmt.Errorf("%w: session %q: a tombstone of %x", ErrCorrupt, id, v)
+		}
+		switch v[0] {
+		case fateStep:
+			f = Forgotten{Known: true, Step: int64(n)}
+		case fateDropped:
+			f = Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: n}
+		default:
+			return fmt.Errorf("%w: session %q: a tombstone of %x", ErrCorrupt, id, v)
+		}
+		return nil
+	})
+	return f, ok, err
 }
 
 func readStep(tx *bolt.Tx, n int64) (stepValue, error) {
@@ -320,7 +375,7 @@ func (s *Store) ForgetStepGroup(n int64, gid string) error {
 			}
 			return fmt.Errorf("forget step %d: %w: group %q is missing", n, ErrCorrupt, gid)
 		}
-		removed, err := removeGroups(tx, []string{gid}, &gone)
+		removed, err := removeGroups(tx, []string{gid}, stepFate(n), &gone)
 		if err != nil {
 			return fmt.Errorf("forget step %d: %w", n, err)
 		}
@@ -351,7 +406,7 @@ func (s *Store) ForgetDroppedGroup(id string) error {
 		if !gi.Dropped || gi.Step >= 0 {
 			return fmt.Errorf("forget group %q: not dropped", id)
 		}
-		removed, err := removeGroups(tx, []string{id}, &gone)
+		removed, err := removeGroups(tx, []string{id}, droppedFate(gi.DropSeq), &gone)
 		if err != nil {
 			return fmt.Errorf("forget group %q: %w", id, err)
 		}
@@ -376,8 +431,9 @@ func (t *Totals) archived(removed Totals) {
 }
 
 // removeGroups deletes groups gids, their sessions with their calls, and those
-// sessions' keys, in tx; it appends the sessions to gone and returns what it removed.
-func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
+// sessions' keys, in tx, leaving tombstones that record fate; it appends the sessions to
+// gone and returns what it removed.
+func removeGroups(tx *bolt.Tx, gids []string, fate []byte, gone *[]string) (Totals, error) {
 	groups, sessions := tx.Bucket(bGroups), tx.Bucket(bSessions)
 	var removed Totals
 	first := len(*gone)
@@ -395,7 +451,7 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 		if err := groups.DeleteBucket([]byte(gid)); err != nil {
 			return removed, err
 		}
-		if err := bury(tx, tombGroup, gid); err != nil {
+		if err := bury(tx, tombGroup, gid, fate); err != nil {
 			return removed, err
 		}
 	}
@@ -423,7 +479,7 @@ func removeGroups(tx *bolt.Tx, gids []string, gone *[]string) (Totals, error) {
 		if err := sessions.DeleteBucket([]byte(sid)); err != nil {
 			return removed, err
 		}
-		if err := bury(tx, tombSession, sid); err != nil {
+		if err := bury(tx, tombSession, sid, fate); err != nil {
 			return removed, err
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -448,5 +450,65 @@ func TestEachCallStreamsASession(t *testing.T) {
 	n := 0
 	if err := s.EachCall("g-s0", func(*trace.Call) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
 		t.Fatalf("after fn's error: %d calls, %v", n, err)
+	}
+}
+
+// TestForgottenSessionSaysWhereItWent: an archived session's tombstone keeps the step it
+// trained in, or its dropped group's number, across a restart, so that floe can say
+// where its rows are; a live or unknown id was never forgotten; a tombstone from before
+// the fate was kept reads as forgotten, fate unknown.
+func TestForgottenSessionSaysWhereItWent(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, Options{})
+	defer func() { s.Close() }()
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, g := range []string{"g0", "g1", "gd", "glive"} {
+		fillGroup(t, s, g, 2, 1, rng)
+	}
+	for n, g := range []string{"g0", "g1"} {
+		if err := s.SaveStep(int64(n), []string{g}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CommitStep(int64(n)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ForgetStep(int64(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DropGroup("gd", "too few usable sessions"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.DroppedGroup("gd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetDroppedGroup("gd"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.write(func(tx *bolt.Tx) error { return bury(tx, tombSession, "from-an-older-floe", []byte{1}) }); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		f  Forgotten
+		ok bool
+	}{
+		"g0-s1":              {Forgotten{Known: true, Step: 0}, true},
+		"g1-s0":              {Forgotten{Known: true, Step: 1}, true},
+		"gd-s1":              {Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: d.Seq}, true},
+		"glive-s0":           {Forgotten{}, false},
+		"never":              {Forgotten{}, false},
+		"from-an-older-floe": {Forgotten{}, true},
+	}
+	for round := range 2 {
+		if round == 1 {
+			s = reopen(t, s, dir)
+		}
+		for id, w := range want {
+			f, ok, err := s.ForgottenSession(id)
+			if err != nil || ok != w.ok || f != w.f {
+				t.Errorf("round %d: ForgottenSession(%q) = %+v, %v, %v; want %+v, %v", round, id, f, ok, err, w.f, w.ok)
+			}
+		}
 	}
 }
