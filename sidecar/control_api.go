@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"path/filepath"
@@ -59,6 +60,10 @@ type ControlAPI struct {
 	// Status, when set, is floe's status for GET /floe/v1/status (the same the Flight
 	// status action answers); without it the gate's state alone is reported.
 	Status func() Status
+	// MinGroupSize is -min-group-size: a finish whose group cannot reach it says so.
+	MinGroupSize int
+	// Log gets a line for each group's state after a finish (waiting or complete).
+	Log *slog.Logger
 	// ArchiveDir is where archived steps go; with a Store that remembers forgotten
 	// sessions (bolt.Store), GET of an archived session names its partition there.
 	ArchiveDir string
@@ -211,7 +216,85 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 	if c.FinishedStatus != nil {
 		c.FinishedStatus(req.Status)
 	}
-	c.reply(w, map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward})
+	out := map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward}
+	if gs, ok := c.Store.(groupStates); ok {
+		if g, err := gs.SessionGroupState(id); err == nil {
+			c.reportGroup(out, g)
+		}
+	}
+	c.reply(w, out)
+}
+
+// groupStates is a SessionStore that reads a group's bookkeeping (mem and bolt do).
+type groupStates interface {
+	SessionGroupState(id string) (trace.GroupState, error)
+	Groups() ([]trace.GroupState, error)
+}
+
+// groupFate is a group's state as a harness runner sees it: waiting for sessions,
+// complete (waiting for a step), in a step, or dropped.
+func groupFate(g trace.GroupState) string {
+	switch {
+	case g.Dropped:
+		return "dropped"
+	case g.Step >= 0:
+		return "in_step"
+	case g.Complete():
+		return "complete"
+	}
+	return "waiting"
+}
+
+// reportGroup adds the finished session's group to a finish's reply and logs it, with a
+// warning when the group cannot reach -min-group-size: such a group is dropped without
+// training, which a runner that created sessions without group_id and group_size (a
+// group of one) otherwise learns only from floe's log.
+func (c *ControlAPI) reportGroup(out map[string]any, g trace.GroupState) {
+	fate := groupFate(g)
+	out["group"] = map[string]any{"id": g.ID, "size": g.Size, "sessions": g.Sessions, "finished": g.Finished, "state": fate}
+	var warning string
+	switch {
+	case c.MinGroupSize <= 1 || fate == "dropped" || fate == "in_step":
+	case fate == "complete" && g.Sessions < c.MinGroupSize:
+		warning = fmt.Sprintf("group %s is complete with %d session(s), fewer than -min-group-size %d: it will be dropped without training; "+
+			"create a group's sessions with the same group_id and a group_size of at least %d", g.ID, g.Sessions, c.MinGroupSize, c.MinGroupSize)
+	case g.Size > 0 && g.Size < c.MinGroupSize:
+		warning = fmt.Sprintf("group %s has group_size %d, fewer than -min-group-size %d: it will be dropped without training",
+			g.ID, g.Size, c.MinGroupSize)
+	}
+	log := c.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if warning != "" {
+		out["warning"] = warning
+		log.Warn("group cannot train", "group", g.ID, "reason", warning)
+		return
+	}
+	switch fate {
+	case "waiting":
+		log.Info("group waiting", "group", g.ID, "finished", g.Finished, "sessions", g.Sessions, "size", g.Size)
+	case "complete":
+		log.Info("group complete: waits for a step", "group", g.ID, "sessions", g.Sessions)
+	}
+}
+
+// groupCounts counts the store's groups by state, for the status.
+func groupCounts(gs []trace.GroupState) *GroupCounts {
+	var n GroupCounts
+	for _, g := range gs {
+		switch groupFate(g) {
+		case "waiting":
+			n.Waiting++
+		case "complete":
+			n.Complete++
+		case "in_step":
+			n.InStep++
+		case "dropped":
+			n.Dropped++
+		}
+	}
+	return &n
 }
 
 func (c *ControlAPI) pause(w http.ResponseWriter, r *http.Request) {
@@ -250,6 +333,11 @@ func (c *ControlAPI) status(w http.ResponseWriter, _ *http.Request) {
 	n := c.sessions
 	c.mu.Unlock()
 	out.Sessions = &n
+	if gs, ok := c.Store.(groupStates); ok {
+		if all, err := gs.Groups(); err == nil {
+			out.Groups = groupCounts(all)
+		}
+	}
 	c.reply(w, out)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -241,5 +242,72 @@ func TestControlAPIRewardBounds(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("reward -100 (at the bound): %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestFinishSaysWhatBecomesOfTheGroup: a finish's reply names its group's state, and
+// warns when the group cannot reach -min-group-size (the README's old example, a session
+// without group_id, made a group of one that was dropped while the reply said
+// "completed"); the status counts the groups by state.
+func TestFinishSaysWhatBecomesOfTheGroup(t *testing.T) {
+	var logs strings.Builder
+	store := &mem.Store{}
+	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, MinGroupSize: 2, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	post := func(path, body string) map[string]any {
+		t.Helper()
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("POST %s: %d %v %v", path, resp.StatusCode, out, err)
+		}
+		return out
+	}
+	create := func(body string) string { return post("/floe/v1/sessions", body)["session_id"].(string) }
+	finish := func(id string) map[string]any { return post("/floe/v1/sessions/"+id+"/finish", `{"reward": 1}`) }
+
+	alone := create(`{"task_id": "demo"}`)
+	g2a, g2b := create(`{"task_id": "t", "group_id": "g2", "group_size": 2}`), create(`{"task_id": "t", "group_id": "g2", "group_size": 2}`)
+	small := create(`{"task_id": "t", "group_id": "g1", "group_size": 1}`)
+	create(`{"task_id": "t", "group_id": "g3", "group_size": 3}`)
+	for _, tc := range []struct {
+		name, session, state, warning string
+		finished                      float64
+	}{
+		{"a session without a group", alone, "complete", "is complete with 1 session(s), fewer than -min-group-size 2", 1},
+		{"the first of a group of 2", g2a, "waiting", "", 1},
+		{"the second of a group of 2", g2b, "complete", "", 2},
+		{"a group whose size is below the minimum", small, "complete", "fewer than -min-group-size 2", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := finish(tc.session)
+			g, _ := got["group"].(map[string]any)
+			w, _ := got["warning"].(string)
+			if g["state"] != tc.state || g["finished"] != tc.finished || (tc.warning == "") != (w == "") || !strings.Contains(w, tc.warning) {
+				t.Errorf("finish = %v; want group state %s, %v finished, warning %q", got, tc.state, tc.finished, tc.warning)
+			}
+		})
+	}
+	resp, err := http.Get(srv.URL + "/floe/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if want := (GroupCounts{Waiting: 1, Complete: 3}); st.Groups == nil || *st.Groups != want {
+		t.Errorf("status groups = %+v, want %+v", st.Groups, want)
+	}
+	for _, want := range []string{`msg="group cannot train"`, `msg="group waiting" group=g2 finished=1`, `msg="group complete: waits for a step" group=g2`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no %s in the log:\n%s", want, logs.String())
+		}
 	}
 }

@@ -388,7 +388,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
 		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
-		ArchiveDir: cfg.archiveDir()}
+		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize, Log: log}
 	// An idle keep-alive connection from a harness is closed after IdleTimeout, so
 	// connections left open cannot pile up.
 	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}

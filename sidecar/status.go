@@ -26,6 +26,8 @@ type Status struct {
 	TrainerPIDs []int32      `json:"trainer_pids,omitempty"`
 	// GPUDevices is how many devices NVML shows floe; absent where floe watches none.
 	GPUDevices *int `json:"gpu_devices,omitempty"`
+	// Groups counts the groups the store holds by state (the control API's status only).
+	Groups *GroupCounts `json:"groups,omitempty"`
 	// DroppedGroups are the latest groups set aside without training, oldest first
 	// (floe serve keeps the last 16).
 	DroppedGroups []DroppedGroup `json:"dropped_groups,omitempty"`
@@ -38,6 +40,15 @@ type Status struct {
 	// Archive is what the archiver did since floe started and what keeps failing; absent
 	// with -archive=false.
 	Archive *ArchiveStatus `json:"archive,omitempty"`
+}
+
+// GroupCounts counts groups by state: waiting for sessions to finish, complete and
+// waiting for a step, in a step not yet archived, dropped and not yet archived.
+type GroupCounts struct {
+	Waiting  int `json:"waiting"`
+	Complete int `json:"complete"`
+	InStep   int `json:"in_step"`
+	Dropped  int `json:"dropped"`
 }
 
 // DroppedGroup is a group set aside without training: its id, the reason's class (as in

@@ -91,6 +91,11 @@ type GroupStore interface {
 	// Group returns group id with its sessions (in creation order) and their calls.
 	// ErrUnknownGroup.
 	Group(id string) (Group, error)
+	// GroupState is group id's bookkeeping, as Groups lists it, without reading the
+	// other groups. ErrUnknownGroup.
+	GroupState(id string) (GroupState, error)
+	// SessionGroupState is GroupState of session id's group. ErrUnknownSession.
+	SessionGroupState(id string) (GroupState, error)
 	// DropGroup marks group id dropped, with the reason: it never goes into a step.
 	// ErrUnknownGroup.
 	DropGroup(id, reason string) error

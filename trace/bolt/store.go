@@ -810,31 +810,62 @@ func (s *Store) Groups() ([]trace.GroupState, error) {
 	var out []trace.GroupState
 	err := s.view(func(tx *bolt.Tx) error {
 		return tx.Bucket(bGroups).ForEachBucket(func(gid []byte) error {
-			b, gi, err := groupBucket(tx, string(gid))
-			if err != nil {
-				return err
-			}
-			st := trace.GroupState{ID: string(gid), TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped,
-				DropReason: gi.DropReason, Created: gi.Created, TimedOut: gi.TimedOut}
-			err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
-				_, info, err := sessionBucket(tx, string(sid))
-				if err != nil {
-					return err
-				}
-				if gi.Created.IsZero() && (st.Created.IsZero() || info.Created.Before(st.Created)) {
-					st.Created = info.Created
-				}
-				st.Sessions++
-				if info.Status != trace.StatusRunning {
-					st.Finished++
-				}
-				return nil
-			})
+			st, err := readGroupState(tx, string(gid))
 			out = append(out, st)
 			return err
 		})
 	})
 	return out, err
+}
+
+// GroupState is group id's bookkeeping, without calls. ErrUnknownGroup.
+func (s *Store) GroupState(id string) (trace.GroupState, error) {
+	var st trace.GroupState
+	err := s.view(func(tx *bolt.Tx) error {
+		var err error
+		st, err = readGroupState(tx, id)
+		return err
+	})
+	return st, err
+}
+
+// SessionGroupState is the bookkeeping of session id's group, read without the
+// session's calls. ErrUnknownSession.
+func (s *Store) SessionGroupState(id string) (trace.GroupState, error) {
+	var st trace.GroupState
+	err := s.view(func(tx *bolt.Tx) error {
+		_, info, err := sessionBucket(tx, id)
+		if err != nil {
+			return err
+		}
+		st, err = readGroupState(tx, info.Group)
+		return err
+	})
+	return st, err
+}
+
+func readGroupState(tx *bolt.Tx, gid string) (trace.GroupState, error) {
+	b, gi, err := groupBucket(tx, gid)
+	if err != nil {
+		return trace.GroupState{}, err
+	}
+	st := trace.GroupState{ID: gid, TaskID: gi.Task, Size: gi.Size, Step: gi.Step, Dropped: gi.Dropped,
+		DropReason: gi.DropReason, Created: gi.Created, TimedOut: gi.TimedOut}
+	err = b.Bucket(kMembers).ForEach(func(_, sid []byte) error {
+		_, info, err := sessionBucket(tx, string(sid))
+		if err != nil {
+			return err
+		}
+		if gi.Created.IsZero() && (st.Created.IsZero() || info.Created.Before(st.Created)) {
+			st.Created = info.Created
+		}
+		st.Sessions++
+		if info.Status != trace.StatusRunning {
+			st.Finished++
+		}
+		return nil
+	})
+	return st, err
 }
 
 // FinishedGroups lists the groups ready to be formed into a step (trace.GroupState.Complete).

@@ -366,18 +366,46 @@ func (m *Store) Groups() ([]trace.GroupState, error) {
 	defer m.mu.Unlock()
 	m.init()
 	out := make([]trace.GroupState, 0, len(m.groups))
-	for id, g := range m.groups {
-		st := trace.GroupState{ID: id, TaskID: g.task, Size: g.size, Sessions: len(g.members), Step: g.step,
-			Dropped: g.dropped, DropReason: g.dropReason, Created: g.created, TimedOut: g.timedOut}
-		for _, sid := range g.members {
-			if m.sessions[sid].s.Status != trace.StatusRunning {
-				st.Finished++
-			}
-		}
-		out = append(out, st)
+	for id := range m.groups {
+		out = append(out, m.groupStateLocked(id))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+// GroupState is group id's bookkeeping, without calls. trace.ErrUnknownGroup.
+func (m *Store) GroupState(id string) (trace.GroupState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	if m.groups[id] == nil {
+		return trace.GroupState{}, fmt.Errorf("%w: %q", trace.ErrUnknownGroup, id)
+	}
+	return m.groupStateLocked(id), nil
+}
+
+// SessionGroupState is the bookkeeping of session id's group. trace.ErrUnknownSession.
+func (m *Store) SessionGroupState(id string) (trace.GroupState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.init()
+	ss := m.sessions[id]
+	if ss == nil {
+		return trace.GroupState{}, fmt.Errorf("%w: %q", trace.ErrUnknownSession, id)
+	}
+	return m.groupStateLocked(ss.s.GroupID), nil
+}
+
+func (m *Store) groupStateLocked(id string) trace.GroupState {
+	g := m.groups[id]
+	st := trace.GroupState{ID: id, TaskID: g.task, Size: g.size, Sessions: len(g.members), Step: g.step,
+		Dropped: g.dropped, DropReason: g.dropReason, Created: g.created, TimedOut: g.timedOut}
+	for _, sid := range g.members {
+		if m.sessions[sid].s.Status != trace.StatusRunning {
+			st.Finished++
+		}
+	}
+	return st
 }
 
 // FinishedGroups lists the groups ready to be formed into a step (trace.GroupState.Complete),

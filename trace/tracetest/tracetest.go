@@ -345,6 +345,20 @@ func Sessions(t *testing.T, f Factory[Store]) {
 			if len(all) != 1 || all[0].Size != 3 || all[0].Sessions != 3 {
 				t.Errorf("Groups = %+v, want g of size 3 with its 3 sessions, not the refused one", all)
 			}
+			must(t, s.FinishSession("a", 1, trace.StatusCompleted))
+			one, err := gs.GroupState("g")
+			if err != nil || one.ID != "g" || one.Size != 3 || one.Sessions != 3 || one.Finished != 1 || one.Step != -1 || one.Complete() {
+				t.Errorf("GroupState(g) = %+v %v, want g of size 3, 3 sessions, 1 finished, in no step", one, err)
+			}
+			if via, err := gs.SessionGroupState("b"); err != nil || via != one {
+				t.Errorf("SessionGroupState(b) = %+v %v, want %+v", via, err, one)
+			}
+			if _, err := gs.SessionGroupState("nope"); !errors.Is(err, trace.ErrUnknownSession) {
+				t.Errorf("SessionGroupState of an unknown session: %v, want ErrUnknownSession", err)
+			}
+			if _, err := gs.GroupState("nope"); !errors.Is(err, trace.ErrUnknownGroup) {
+				t.Errorf("GroupState of an unknown group: %v, want ErrUnknownGroup", err)
+			}
 		}
 	})
 	t.Run("open sessions", func(t *testing.T) {
