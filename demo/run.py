@@ -36,12 +36,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from floe_stack import Child, Stack, build_floe, refserver_argv
+
+T = TypeVar("T")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -143,6 +146,26 @@ class Display:
                 self.out.write("\n")
                 self.out.flush()
             self.last = ""
+
+    def ticking(self, what: str, fn: Callable[[], T], every: float = 10.0) -> T:
+        """fn(), with a status line naming ``what`` and the seconds spent, renewed every
+        ``every`` seconds: a cold step (Go's first build of floe downloads modules and
+        compiles Arrow) takes minutes, and silence looks like a hang."""
+        done = threading.Event()
+        t0 = time.monotonic()
+
+        def tick() -> None:
+            while not done.wait(every):
+                self.status(f"{what} ({time.monotonic() - t0:.0f} s)")
+
+        self.status(what)
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            return fn()
+        finally:
+            done.set()
+            ticker.join()
 
 
 def fmt_rows(n: float) -> str:
@@ -369,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
               f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
-        disp.status("building floe ...")
-        floe_bin = str(build_floe(tmp, ROOT))
+        floe_bin = str(disp.ticking("building floe (go build; the first build downloads Go modules and compiles "
+                                    "Arrow, 1-3 min) ...", lambda: build_floe(tmp, ROOT)))
 
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         # the trainer imports torch and builds its model while the servers start; it reads
