@@ -37,6 +37,12 @@ type ChatRequest struct {
 	// ChatTemplateKwargs carries reasoning on/off to the chat template:
 	// {"enable_thinking": false} when the caller turned thinking off.
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs,omitempty"`
+	// TopK and MinP are sent only under -sampling force (top_k -1, min_p 0: no
+	// truncation), so that a model's generation config cannot truncate the distribution
+	// behind floe's back; no dialect forwards a caller's. vLLM and SGLang both take these
+	// names and values.
+	TopK *int     `json:"top_k,omitempty"`
+	MinP *float64 `json:"min_p,omitempty"`
 }
 
 // ChatMessage is one message of the conversation. Content is a string or a list of parts
@@ -109,7 +115,21 @@ type Choice struct {
 	Index        int
 	Message      ChatMessage // role assistant; Content a string ("" when none)
 	FinishReason string
+	// StopSequence is the stop string of the request that ended the answer (FinishStop),
+	// "" when none did (an end-of-sequence or stop token, or any other finish). Anthropic
+	// answers it as stop_reason "stop_sequence" with stop_sequence set.
+	StopSequence string
 }
+
+// Finish is how a streamed answer ended: its normalized finish reason and the stop
+// string that ended it, as Choice holds them.
+type Finish struct {
+	Reason       string
+	StopSequence string
+}
+
+// Finish is how c ended.
+func (c Choice) Finish() Finish { return Finish{Reason: c.FinishReason, StopSequence: c.StopSequence} }
 
 // Response is a complete, non-streamed answer.
 type Response struct {
@@ -170,6 +190,11 @@ type Error struct {
 	Message string
 	// For ErrContextLength, when the upstream said: the prompt's tokens and the limit.
 	PromptTokens, MaxTokens int
+	// CompletionTokens, for ErrContextLength, is the completion budget (max_tokens) the
+	// request asked for when that budget, alone or with the prompt, is what exceeds the
+	// context; 0 when the prompt alone does. Harnesses answer the two differently: Claude
+	// Code lowers max_tokens for the one and compacts its history for the other.
+	CompletionTokens int
 }
 
 func (e *Error) Error() string { return string(e.Kind) + ": " + e.Message }
@@ -203,7 +228,7 @@ type TokenCounter interface {
 // exactly one of End or Fail. Each event is flushed to the caller as it is written.
 type Stream interface {
 	Delta(d Delta) error
-	End(finishReason string, usage Usage) error
+	End(finish Finish, usage Usage) error
 	// Fail ends a stream whose headers are already sent with an error event.
 	Fail(err *Error) error
 }

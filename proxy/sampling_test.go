@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,8 +64,20 @@ func TestSamplingIsRecordedAsSentUpstream(t *testing.T) {
 						t.Errorf("call %d: recorded %s %v, sent upstream %v", i, k, got[k], sent[k])
 					}
 				}
-				if c.Sampling.TopK != nil || sent["top_k"] != nil {
-					t.Errorf("call %d: top_k %v recorded, %v sent; floe forwards none", i, c.Sampling.TopK, sent["top_k"])
+				// Under force, top_k -1 and min_p 0 keep a model's generation config from
+				// truncating; under record no top_k or min_p is sent (none is forwarded).
+				wantTopK, wantMinP := any(nil), any(nil)
+				if policy == proxy.SamplingForce {
+					wantTopK, wantMinP = -1.0, 0.0
+				}
+				if sent["top_k"] != wantTopK || sent["min_p"] != wantMinP {
+					t.Errorf("call %d: sent top_k %v min_p %v, want %v %v", i, sent["top_k"], sent["min_p"], wantTopK, wantMinP)
+				}
+				switch {
+				case wantTopK == nil && c.Sampling.TopK != nil:
+					t.Errorf("call %d: top_k %d recorded, none sent", i, *c.Sampling.TopK)
+				case wantTopK != nil && (c.Sampling.TopK == nil || *c.Sampling.TopK != -1):
+					t.Errorf("call %d: top_k %v recorded, -1 sent", i, c.Sampling.TopK)
 				}
 			}
 			want := map[proxy.SamplingPolicy][3]any{
@@ -90,5 +103,71 @@ func TestSamplingIsRecordedAsSentUpstream(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Issues 20 (3.2) and 21 (9): a call whose log-probs come from a distribution the
+// trainer cannot reproduce is recorded untrainable with the reason: constrained decoding
+// (tool_choice "required" or a named function: vLLM masks the logits with a grammar)
+// always; truncated sampling (top_p < 1, greedy) unless -train-truncated. The
+// truncated-sampling metric still counts every truncated call; -sampling force samples
+// without truncation, so its calls train.
+func TestUntrainableSampling(t *testing.T) {
+	tools := `,"tools":[{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}]`
+	cases := []struct {
+		name           string
+		extra          string
+		trainTruncated bool
+		policy         proxy.SamplingPolicy
+		wantReason     string // "" : trainable
+		wantTruncated  int    // calls counted by SampledTruncated
+	}{
+		{"free sampling trains", `,"temperature":0.7`, false, "", "", 0},
+		{"tool_choice auto trains", tools + `,"tool_choice":"auto"`, false, "", "", 0},
+		{"tool_choice none trains", tools + `,"tool_choice":"none"`, false, "", "", 0},
+		{"top_p 0.9", `,"top_p":0.9`, false, "", "truncated sampling: top_p 0.9 (", 1},
+		{"greedy", `,"temperature":0`, false, "", "truncated sampling: greedy decoding (temperature 0) (", 1},
+		{"top_p 0.9 with -train-truncated", `,"top_p":0.9`, true, "", "", 1},
+		{"greedy with -train-truncated", `,"temperature":0`, true, "", "", 1},
+		{"top_p 0.9 under -sampling force", `,"top_p":0.9`, false, proxy.SamplingForce, "", 0},
+		{"tool_choice required", tools + `,"tool_choice":"required"`, false, "", `constrained decoding: tool_choice "required" (`, 0},
+		{"tool_choice required, -train-truncated does not keep it", tools + `,"tool_choice":"required"`, true, "", `constrained decoding: tool_choice "required" (`, 0},
+		{"named function", tools + `,"tool_choice":{"type":"function","function":{"name":"read_file"}}`, false, "",
+			`constrained decoding: tool_choice names the function "read_file" (`, 0},
+		{"named function under -sampling force", tools + `,"tool_choice":{"type":"function","function":{"name":"read_file"}}`, false, proxy.SamplingForce,
+			`constrained decoding: tool_choice names the function "read_file" (`, 0},
+	}
+	for _, tc := range cases {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tc.name, stream), func(t *testing.T) {
+				up := &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"}
+				f := newFixture(t, up)
+				m := &samplingCounts{overrides: map[string]int{}}
+				f.srv.Sampling, f.srv.TrainTruncated, f.srv.Metrics = tc.policy, tc.trainTruncated, m
+				extra := tc.extra
+				if stream {
+					extra += `,"stream":true`
+				}
+				resp := f.post(t, "/v1/chat/completions", "key-1", fmt.Sprintf(chatBody, extra))
+				_, _ = io.ReadAll(resp.Body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				calls := f.store.Calls("sess-1")
+				if len(calls) != 1 {
+					t.Fatalf("%d calls recorded", len(calls))
+				}
+				c := calls[0]
+				switch {
+				case tc.wantReason == "" && !c.Trainable:
+					t.Errorf("untrainable (%s), want trainable", c.UntrainableReason)
+				case tc.wantReason != "" && (c.Trainable || !strings.HasPrefix(c.UntrainableReason, tc.wantReason)):
+					t.Errorf("trainable %v, reason %q; want untrainable, reason starting %q", c.Trainable, c.UntrainableReason, tc.wantReason)
+				}
+				if m.truncated != tc.wantTruncated {
+					t.Errorf("SampledTruncated counted %d calls, want %d", m.truncated, tc.wantTruncated)
+				}
+			})
+		}
 	}
 }

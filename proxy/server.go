@@ -61,6 +61,15 @@ type Server struct {
 	storeErr     atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
 	// Sampling is the --sampling policy ("" is SamplingRecord).
 	Sampling SamplingPolicy
+	// TrainTruncated (-train-truncated) keeps calls sampled with truncation (top_p < 1,
+	// top_k > 0, min_p > 0, greedy) trainable, for users who accept the biased ratio;
+	// by default they are recorded untrainable. Constrained decoding is untrainable
+	// either way (untrainableSampling).
+	TrainTruncated bool
+	// warnedSampling notes that the one log line about calls made untrainable by their
+	// sampling was written: a harness that always sends top_p 0.95 would otherwise log a
+	// warning per call (the metric counts them all).
+	warnedSampling atomic.Bool
 }
 
 // Metrics receives the proxy's counts (floe serve turns them into Prometheus metrics).
@@ -579,7 +588,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		stream = d.NewStream(sink.w, req)
 	}
 	c := res.Response.Choices[0]
-	if err := stream.End(c.FinishReason, res.Response.Usage); err != nil {
+	if err := stream.End(c.Finish(), res.Response.Usage); err != nil {
 		s.log().Warn("finishing the stream", "session", session, "err", err)
 	}
 }
@@ -593,6 +602,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 	if s.Metrics != nil {
 		s.Metrics.Upstream(d.Name(), res.Latency)
 	}
+	samplingProblem := untrainableSampling(&req.Chat, s.TrainTruncated)
 	for i, ch := range res.Response.Choices {
 		var td TokenData
 		if i < len(res.Choices) {
@@ -614,9 +624,19 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		default:
 			if err := c.Validate(); err != nil {
 				c.MarkUntrainable(err.Error())
+			} else if samplingProblem != "" {
+				c.MarkUntrainable(samplingProblem)
 			}
 		}
-		if !c.Trainable {
+		switch {
+		case c.Trainable:
+		case samplingProblem != "" && c.UntrainableReason == samplingProblem:
+			// The harness's choice, not a fault: said once, counted by the metrics.
+			if s.warnedSampling.CompareAndSwap(false, true) {
+				s.log().Warn("calls are recorded untrainable for how they were sampled (this is logged once; floe_calls_recorded_total counts them)",
+					"session", session, "reason", c.UntrainableReason)
+			}
+		default:
 			s.log().Warn("call recorded as untrainable", "session", session, "reason", c.UntrainableReason)
 		}
 		err := s.Recorder.Record(ctx, &c)

@@ -19,7 +19,7 @@ var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
 	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "upstream-health-interval",
 		"upstream-session-header", "engine", "model", "open-sessions", "upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
-		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling"}
+		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling", "train-truncated"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
 	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
@@ -170,6 +170,7 @@ var serveFlags = []struct {
 		fs.IntVar(&c.ProxyLimits.MaxInflight, n, c.ProxyLimits.MaxInflight,
 			"most model calls served at once; past it a call gets its provider's overloaded error at once (negative: no limit)")
 	}},
+	{"train-truncated", trainTruncatedFlag},
 	{"sampling", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.Func(n, "sampling policy: record (pass the caller's temperature and top_p upstream and train each call at its temperature) or force (sample every call at T=1, top_p=1, counting overrides) (default "+string(c.Sampling)+")",
 			func(v string) error {
@@ -178,6 +179,14 @@ var serveFlags = []struct {
 				return err
 			})
 	}},
+}
+
+// trainTruncatedFlag is -train-truncated, apart from serveFlags' literal because its help
+// is long.
+func trainTruncatedFlag(c *Config, fs *flag.FlagSet, n string) {
+	fs.BoolVar(&c.TrainTruncated, n, c.TrainTruncated,
+		"train calls sampled with truncation (top_p < 1, top_k > 0, min_p > 0, greedy T <= 1e-5) although their log-probs are of the truncated distribution, "+
+			"which the trainer does not reproduce (a biased ratio); by default they are recorded untrainable. Constrained decoding (tool_choice required or named) is untrainable either way")
 }
 
 func registerBatcherFlag(c *Config, fs *flag.FlagSet, name string) { c.Batcher.RegisterFlags(fs, name) }

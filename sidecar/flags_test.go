@@ -35,6 +35,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 		{name: "sampling force", args: []string{"-sampling", "force"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingForce })},
 		{name: "sampling record", args: []string{"-sampling", "record"}, want: with(func(c *Config) { c.Sampling = proxy.SamplingRecord })},
 		{name: "bad sampling", args: []string{"-sampling", "greedy"}, wantErr: `unknown sampling policy "greedy"`},
+		{name: "train truncated", args: []string{"-train-truncated"}, want: with(func(c *Config) { c.TrainTruncated = true })},
 		// Several inference replicas: comma-separated, the flag repeated, or both; the
 		// first value replaces the default.
 		{name: "one upstream", args: []string{"-upstream", "http://a:8000"}, want: with(func(c *Config) { c.Upstream = "http://a:8000" })},
@@ -96,7 +97,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		"flight-addr", "flight-token", "flight-token-file", "gpu-memory", "group-size", "group-timeout", "groups-per-step",
 		"max-abs-reward", "max-staleness", "memory-target", "min-group-size", "model", "pad-multiple", "pass-cost", "proxy-addr",
 		"sampling", "steps-ahead", "strategy",
-		"token-budget", "token-budget-max", "token-budget-min", "upstream"}
+		"token-budget", "train-truncated", "token-budget-max", "token-budget-min", "upstream"}
 	limits := []string{"client-idle-timeout", "drain-timeout", "max-inflight", "max-inflight-per-session",
 		"upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout"}
 	replicas := []string{"upstream-health-interval", "upstream-session-header"}
@@ -108,7 +109,7 @@ func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 		want  []string
 	}{
 		{"all", nil, all},
-		{"proxy", ProxyFlags, sorted(append(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "sampling", "upstream"}, limits...), replicas...))},
+		{"proxy", ProxyFlags, sorted(append(append([]string{"control-addr", "control-token-file", "engine", "model", "open-sessions", "proxy-addr", "sampling", "train-truncated", "upstream"}, limits...), replicas...))},
 		{"flight and steps", append(append([]string{}, FlightFlags...), StepFlags...),
 			[]string{"flight-addr", "flight-token", "flight-token-file", "groups-per-step", "steps-ahead"}},
 	}

@@ -95,6 +95,10 @@ type Config struct {
 	// trainer scores each call at its temperature; force samples every call at T = 1,
 	// top_p = 1 and counts the overrides.
 	Sampling proxy.SamplingPolicy
+	// TrainTruncated (-train-truncated) keeps calls sampled with top_p < 1, top_k > 0,
+	// min_p > 0 or greedily trainable, for users who accept the biased ratio; by default
+	// they are recorded untrainable (docs/proxy.md, "Sampling").
+	TrainTruncated bool
 
 	// UpstreamHealthInterval is how often each replica's GET /health is checked
 	// (negative: never); UpstreamSessionHeader names the header each upstream call
@@ -347,7 +351,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, SessionHeader: cfg.UpstreamSessionHeader}
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)

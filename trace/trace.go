@@ -61,7 +61,7 @@ type Call struct {
 type Sampling struct {
 	Temperature *float64 `json:"temperature,omitempty"`
 	TopP        *float64 `json:"top_p,omitempty"`
-	TopK        *int     `json:"top_k,omitempty"` // floe's dialects never forward top_k today
+	TopK        *int     `json:"top_k,omitempty"` // sent only by -sampling force, as -1 (off): no dialect forwards a caller's top_k
 }
 
 // EffectiveTemperature is the temperature the call was sampled at: 1 when not sent or

@@ -80,7 +80,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	srv := &proxy.Server{
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, SessionHeader: cfg.UpstreamSessionHeader,
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader,
 	}
 	if err := cfg.LoadTokens(os.Getenv); err != nil {
 		return err

@@ -131,8 +131,11 @@ def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             "--port", "0", "--max-model-len", "32768", "--cache-dir", str(tmp / "tokenizer")))
         upstream = hello["base_url"].removesuffix("/v1")
         calls = tmp / "calls.jsonl"
+        # -sampling force, as docs/harnesses.md tells a user: a harness picks its own
+        # sampling (Gemini CLI sends topP 0.95), and a call sampled from a truncated
+        # distribution is recorded untrainable; forced, every call samples at T = 1.
         _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
-                                                 "-control-addr", "127.0.0.1:0",
+                                                 "-control-addr", "127.0.0.1:0", "-sampling", "force",
                                                  "-upstream", upstream, "-record", str(calls)], timeout=60)
         yield Stack(upstream, phello["proxy"], phello["control"], calls, floe_bin, tmp)
 

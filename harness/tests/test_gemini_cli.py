@@ -57,6 +57,15 @@ def test_gemini_cli_reads_file(stack: Stack) -> None:
                   for part in content["parts"] if "thoughtSignature" in part]
     # base64("floe1.") = "ZmxvZTEu": floe's own signature
     assert signatures and all(sig.startswith("ZmxvZTEu") for sig in signatures), signatures
+    # Gemini CLI samples with topP 0.95 of its own accord: under -sampling force (the stack's)
+    # floe sent top_p 1 and no top_k upstream, so the call is trainable; under the default
+    # (record) it would be recorded untrainable, its log-probs those of a truncated
+    # distribution.
+    for c in run.calls:
+        asked = c["request"].get("generationConfig") or {}
+        assert asked.get("topP") == 0.95, asked
+        sent = c["upstream_request"]
+        assert sent["top_p"] == 1 and sent.get("top_k", -1) == -1 and c["trainable"], (sent, c.get("untrainable_reason"))
 
 
 def test_gemini_cli_weight_sync(stack: Stack) -> None:

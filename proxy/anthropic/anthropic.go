@@ -56,8 +56,10 @@ import (
 //   - Unknown content blocks (server_tool_use, web_search_tool_result, …) are skipped, as
 //     are server tools (a tool with a non-custom type and no input_schema). A tool_choice
 //     without any forwarded tool, or naming a tool that was skipped, is dropped.
-//   - Stop reasons: stop → end_turn (stop_sequence is not knowable), length → max_tokens,
-//     tool_calls → tool_use, content_filter → refusal; a stop with tool calls is tool_use.
+//   - Stop reasons: stop → end_turn, or stop_sequence with the matched string when one of
+//     the request's stop_sequences ended the answer (vLLM's stop_reason, SGLang's
+//     matched_stop), length → max_tokens, tool_calls → tool_use, content_filter →
+//     refusal; a stop with tool calls is tool_use.
 //   - Errors: invalid_request_error (400), authentication_error (401), permission_error
 //     (403), not_found_error (404), request_too_large (413), rate_limit_error (429),
 //     overloaded_error (ErrOverloaded, or any 503/529; 529 for floe's -max-inflight cap),
@@ -697,20 +699,27 @@ type toolUseBlock struct {
 	Input json.RawMessage `json:"input"`
 }
 
-// stopReason maps a normalized finish reason to Anthropic's stop_reason.
-func stopReason(finish string, toolCalls bool) string {
-	switch finish {
+// stopReason maps a normalized finish to Anthropic's stop_reason and stop_sequence: a
+// stop string of the request that ended the answer is "stop_sequence" with that string
+// (tool calls still win: the harness must run them); any other stop is end_turn with a
+// null stop_sequence.
+func stopReason(finish proxy.Finish, toolCalls bool) (reason string, sequence *string) {
+	switch finish.Reason {
 	case proxy.FinishLength:
-		return "max_tokens"
+		return "max_tokens", nil
 	case proxy.FinishToolCalls:
-		return "tool_use"
+		return "tool_use", nil
 	case proxy.FinishFilter:
-		return "refusal"
+		return "refusal", nil
 	}
 	if toolCalls {
-		return "tool_use"
+		return "tool_use", nil
 	}
-	return "end_turn"
+	if finish.Reason == proxy.FinishStop && finish.StopSequence != "" {
+		seq := finish.StopSequence
+		return "stop_sequence", &seq
+	}
+	return "end_turn", nil
 }
 
 // input turns arguments into a tool_use input: the JSON object, or {"_raw": arguments}.
@@ -746,10 +755,10 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 	if res.ID != "" {
 		msg.ID = "msg_" + res.ID
 	}
-	finish := proxy.FinishStop
+	finish := proxy.Finish{Reason: proxy.FinishStop}
 	var m proxy.ChatMessage
 	if len(res.Choices) > 0 {
-		m, finish = res.Choices[0].Message, res.Choices[0].FinishReason
+		m, finish = res.Choices[0].Message, res.Choices[0].Finish()
 	}
 	if m.ReasoningContent != "" {
 		msg.Content = append(msg.Content, thinkingBlock{"thinking", m.ReasoningContent, proxy.ReasoningSignature(m.ReasoningContent)})
@@ -764,8 +773,8 @@ func (Dialect) WriteResponse(w http.ResponseWriter, req *proxy.Request, res *pro
 		}
 		msg.Content = append(msg.Content, toolUseBlock{"tool_use", id, tc.Function.Name, input(tc.Function.Arguments)})
 	}
-	stop := stopReason(finish, len(m.ToolCalls) > 0)
-	msg.StopReason = &stop
+	stop, sequence := stopReason(finish, len(m.ToolCalls) > 0)
+	msg.StopReason, msg.StopSequence = &stop, sequence
 	msg.Usage = messageUsage{InputTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CompletionTokens}
 
 	// Not proxy.WriteJSON: tool inputs are written byte for byte (no HTML escaping inside them),
@@ -804,9 +813,13 @@ var (
 )
 
 // contextNumbers reads a context-length error's prompt tokens and, when the upstream
-// named one, the completion budget (max_tokens) that pushed the request over the limit.
+// named one, the completion budget (max_tokens) that pushed the request over the limit:
+// the engine's numbers, else those of vLLM's words.
 func contextNumbers(err *proxy.Error) (prompt, budget int) {
-	prompt = err.PromptTokens
+	prompt, budget = err.PromptTokens, err.CompletionTokens
+	if budget > 0 {
+		return prompt, budget
+	}
 	if m := oldBudgetRE.FindStringSubmatch(err.Message); m != nil {
 		prompt, _ = strconv.Atoi(m[1])
 		budget, _ = strconv.Atoi(m[2])
@@ -828,7 +841,9 @@ func errorShape(err *proxy.Error) (int, errorDetail) {
 	}
 	if err.Kind == proxy.ErrContextLength {
 		prompt, budget := contextNumbers(err)
-		if budget > 0 && prompt > 0 && err.MaxTokens > 0 && prompt < err.MaxTokens {
+		// The prompt fits (or, max_tokens alone being over the limit, was not counted):
+		// max_tokens is the problem.
+		if budget > 0 && err.MaxTokens > 0 && prompt < err.MaxTokens {
 			return http.StatusBadRequest, errorDetail{"invalid_request_error", fmt.Sprintf(
 				"input length and `max_tokens` exceed context limit: %d + %d > %d, decrease input length or `max_tokens` and try again",
 				prompt, budget, err.MaxTokens)}
@@ -1126,7 +1141,7 @@ func (st *stream) writeDelta(d proxy.Delta) error {
 }
 
 // End closes the open block and writes message_delta (stop reason, usage) and message_stop.
-func (st *stream) End(finishReason string, usage proxy.Usage) error {
+func (st *stream) End(finish proxy.Finish, usage proxy.Usage) error {
 	if err := st.check(); err != nil {
 		return err
 	}
@@ -1136,7 +1151,7 @@ func (st *stream) End(finishReason string, usage proxy.Usage) error {
 	}
 	var md messageDelta
 	md.Type = "message_delta"
-	md.Delta.StopReason = stopReason(finishReason, st.anyTool)
+	md.Delta.StopReason, md.Delta.StopSequence = stopReason(finish, st.anyTool)
 	md.Usage = messageUsage{InputTokens: usage.PromptTokens, OutputTokens: usage.CompletionTokens}
 	if err := st.s.Event("message_delta", md); err != nil {
 		return err

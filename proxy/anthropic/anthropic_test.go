@@ -512,7 +512,7 @@ func TestAnthropicStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := st.End(proxy.FinishToolCalls, proxy.Usage{PromptTokens: 321, CompletionTokens: 45}); err != nil {
+	if err := st.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{PromptTokens: 321, CompletionTokens: 45}); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Delta(proxy.Delta{Content: "late"}); err == nil {
@@ -641,7 +641,7 @@ func TestAnthropicStreamShapes(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := st.End(tc.finish, proxy.Usage{}); err != nil {
+			if err := st.End(proxy.Finish{Reason: tc.finish}, proxy.Usage{}); err != nil {
 				t.Fatal(err)
 			}
 			events := ssetest.Events(t, rec.Body.String())
@@ -669,7 +669,7 @@ func TestAnthropicStreamFail(t *testing.T) {
 	if err := st.Fail(&proxy.Error{Status: 502, Kind: proxy.ErrUpstreamUnavailable, Message: "engine went away"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.End(proxy.FinishStop, proxy.Usage{}); err == nil {
+	if err := st.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{}); err == nil {
 		t.Error("End after Fail succeeded")
 	}
 	events := ssetest.Events(t, rec.Body.String())

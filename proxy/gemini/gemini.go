@@ -1176,7 +1176,7 @@ func (s *answerStream) Delta(d proxy.Delta) error {
 }
 
 // End implements Stream: the remaining calls, finishReason and usage in one last event.
-func (s *answerStream) End(finishReason string, usage proxy.Usage) error {
+func (s *answerStream) End(finish proxy.Finish, usage proxy.Usage) error {
 	if s.done {
 		return errors.New("gemini stream: ended twice")
 	}
@@ -1187,7 +1187,7 @@ func (s *answerStream) End(finishReason string, usage proxy.Usage) error {
 		s.sign(&p)
 		parts = append(parts, p)
 	}
-	return s.send(parts, finishOf(finishReason), usageOf(usage))
+	return s.send(parts, finishOf(finish.Reason), usageOf(usage))
 }
 
 // Fail implements Stream.
@@ -1219,6 +1219,12 @@ func errorOf(e *proxy.Error) (int, errorBody) {
 		// Gemini's own words, which harnesses look for.
 		code, status = http.StatusBadRequest, "INVALID_ARGUMENT"
 		switch {
+		case e.CompletionTokens > e.MaxTokens && e.MaxTokens > 0:
+			// maxOutputTokens alone is over the limit: Gemini's (Vertex's) own words.
+			msg = fmt.Sprintf("Unable to submit request because it has a maxOutputTokens value of %d but the supported range is from 1 (inclusive) to %d (exclusive). Update the value and try again.",
+				e.CompletionTokens, e.MaxTokens+1)
+		case e.CompletionTokens > 0 && e.MaxTokens > 0 && e.PromptTokens < e.MaxTokens:
+			msg = fmt.Sprintf("The input token count (%d) and maxOutputTokens (%d) exceed the maximum number of tokens allowed (%d).", e.PromptTokens, e.CompletionTokens, e.MaxTokens)
 		case e.PromptTokens > 0 && e.MaxTokens > 0:
 			msg = fmt.Sprintf("The input token count (%d) exceeds the maximum number of tokens allowed (%d).", e.PromptTokens, e.MaxTokens)
 		case e.MaxTokens > 0:

@@ -483,7 +483,7 @@ func TestGeminiStream(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := s.End(proxy.FinishToolCalls, proxy.Usage{PromptTokens: 7, CompletionTokens: 9, TotalTokens: 16}); err != nil {
+		if err := s.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{PromptTokens: 7, CompletionTokens: 9, TotalTokens: 16}); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Delta(proxy.Delta{Content: "late"}); err == nil {
@@ -572,7 +572,7 @@ func TestGeminiStreamCallsWhole(t *testing.T) {
 	if err := s.Delta(proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: "x"}}}); err == nil {
 		t.Error("fragment of a sent call: want an error")
 	}
-	if err := s.End(proxy.FinishToolCalls, proxy.Usage{}); err != nil {
+	if err := s.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{}); err != nil {
 		t.Fatal(err)
 	}
 	events := sSEEvents(t, rec.Body.String())
@@ -587,7 +587,7 @@ func TestGeminiStreamCallsWhole(t *testing.T) {
 	rec = httptest.NewRecorder()
 	s = Dialect{}.NewStream(rec, testRequest(true))
 	_ = s.Delta(proxy.Delta{Reasoning: "hmm"})
-	_ = s.End(proxy.FinishLength, proxy.Usage{PromptTokens: 1, CompletionTokens: 2})
+	_ = s.End(proxy.Finish{Reason: proxy.FinishLength}, proxy.Usage{PromptTokens: 1, CompletionTokens: 2})
 	events = sSEEvents(t, rec.Body.String())
 	last = decodeStrict(t, events[len(events)-1])
 	jSONEqual(t, "reasoning only", last.Candidates[0], `{"content":{"role":"model","parts":[{"thoughtSignature":"`+signature("hmm")+`"}]},"finishReason":"MAX_TOKENS","index":0}`)
@@ -608,7 +608,7 @@ func TestGeminiStreamFail(t *testing.T) {
 		t.Fatalf("events %q", events)
 	}
 	jSONEqual(t, "error event", json.RawMessage(events[1]), `{"error":{"code":503,"message":"engine down","status":"UNAVAILABLE"}}`)
-	if s.End(proxy.FinishStop, proxy.Usage{}) == nil {
+	if s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{}) == nil {
 		t.Error("End after Fail: want an error")
 	}
 }
@@ -794,7 +794,7 @@ func TestGeminiSignatureSkipsBlankText(t *testing.T) {
 	_ = st.Delta(proxy.Delta{Reasoning: "think"})
 	_ = st.Delta(proxy.Delta{Content: "\n\n"})
 	_ = st.Delta(proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: 0, ID: "c1", Name: "read", Arguments: `{"path":"a"}`}}})
-	_ = st.End(proxy.FinishToolCalls, proxy.Usage{})
+	_ = st.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{})
 	body := rec.Body.String()
 	if !strings.Contains(body, `"functionCall"`) {
 		t.Fatalf("no function call streamed: %s", body)

@@ -454,11 +454,11 @@ func (s *chatStream) Delta(d proxy.Delta) error {
 	return nil
 }
 
-func (s *chatStream) End(finish string, usage proxy.Usage) error {
+func (s *chatStream) End(finish proxy.Finish, usage proxy.Usage) error {
 	if err := s.start(); err != nil {
 		return err
 	}
-	if err := s.chunk(map[string]any{}, &finish, nil); err != nil {
+	if err := s.chunk(map[string]any{}, &finish.Reason, nil); err != nil {
 		return err
 	}
 	if st, _ := s.req.State.(chatState); st.includeUsage {
@@ -487,8 +487,17 @@ func chatErrorBody(err *proxy.Error) map[string]any {
 	case proxy.ErrTooLarge:
 		code = "request_too_large"
 	case proxy.ErrContextLength:
+		// OpenAI's own wordings, with its code: SDK users and harnesses match on these.
 		code = "context_length_exceeded"
-		if err.MaxTokens > 0 && err.PromptTokens > 0 {
+		switch {
+		case err.MaxTokens > 0 && err.CompletionTokens > 0 && err.PromptTokens > 0 && err.PromptTokens < err.MaxTokens:
+			// The prompt fits; with max_tokens it does not.
+			msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				err.MaxTokens, err.PromptTokens+err.CompletionTokens, err.PromptTokens, err.CompletionTokens)
+		case err.MaxTokens > 0 && err.CompletionTokens > 0 && err.PromptTokens == 0:
+			msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the completion. Please reduce the length of the completion.",
+				err.MaxTokens, err.CompletionTokens)
+		case err.MaxTokens > 0 && err.PromptTokens > 0:
 			msg = fmt.Sprintf("This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.", err.MaxTokens, err.PromptTokens)
 		}
 	case proxy.ErrUpstreamUnavailable, proxy.ErrInternal:

@@ -893,6 +893,10 @@ func respErrorShape(err *proxy.Error) (status int, typ, code, message string) {
 		status, typ, code = respOr(status, http.StatusBadRequest), "invalid_request_error", "context_length_exceeded"
 		message = responsesContextMessage
 		switch {
+		case err.CompletionTokens > 0 && err.MaxTokens > 0 && err.PromptTokens < err.MaxTokens:
+			// The input fits; with max_output_tokens it does not.
+			message = fmt.Sprintf("Your input (%d tokens) and max_output_tokens (%d) exceed the context window of this model (%d tokens). Please lower max_output_tokens and try again.",
+				err.PromptTokens, err.CompletionTokens, err.MaxTokens)
 		case err.PromptTokens > 0 && err.MaxTokens > 0:
 			message += fmt.Sprintf(" Your input is %d tokens; the context window is %d tokens.", err.PromptTokens, err.MaxTokens)
 		case err.PromptTokens > 0:
@@ -1150,7 +1154,8 @@ func (s *responsesStream) Delta(d proxy.Delta) error {
 
 // End closes the open item and sends response.completed, or response.incomplete when the
 // answer was cut by the token limit or a content filter.
-func (s *responsesStream) End(finishReason string, usage proxy.Usage) error {
+func (s *responsesStream) End(finish proxy.Finish, usage proxy.Usage) error {
+	finishReason := finish.Reason
 	if s.ended {
 		return fmt.Errorf("responses stream: already ended")
 	}

@@ -666,7 +666,7 @@ func TestResponsesStream(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec, evs := respRun(t, req, tc.deltas, func(s proxy.Stream) error {
-				return s.End(tc.finish, proxy.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10})
+				return s.End(proxy.Finish{Reason: tc.finish}, proxy.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10})
 			})
 			if ct := rec.Header().Get("Content-Type"); ct != "text/event-stream" {
 				t.Errorf("content type %q", ct)
@@ -861,7 +861,7 @@ func TestResponsesStreamToolCallFragments(t *testing.T) {
 		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, ID: "call_b", Name: "g", Arguments: `{"b":`}}},
 		{ToolCalls: []proxy.ToolCallDelta{{Index: 0, Arguments: ` `}}}, // late: call 0 is already done
 		{ToolCalls: []proxy.ToolCallDelta{{Index: 1, Arguments: `2}`}}},
-	}, func(s proxy.Stream) error { return s.End(proxy.FinishToolCalls, proxy.Usage{}) })
+	}, func(s proxy.Stream) error { return s.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{}) })
 	out := respList(respMap(evs[len(evs)-1].data["response"])["output"])
 	if len(out) != 2 {
 		t.Fatalf("output %v", out)
@@ -892,10 +892,10 @@ func TestResponsesStreamCallsOrder(t *testing.T) {
 	req := respDecode(t, `{"model":"m","input":"hi"}`)
 	rec := httptest.NewRecorder()
 	s := Responses{}.NewStream(rec, req)
-	if err := s.End(proxy.FinishStop, proxy.Usage{}); err != nil {
+	if err := s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{}); err != nil {
 		t.Fatal(err)
 	}
-	if s.Delta(proxy.Delta{Content: "x"}) == nil || s.End(proxy.FinishStop, proxy.Usage{}) == nil || s.Fail(&proxy.Error{Kind: proxy.ErrInternal}) == nil {
+	if s.Delta(proxy.Delta{Content: "x"}) == nil || s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{}) == nil || s.Fail(&proxy.Error{Kind: proxy.ErrInternal}) == nil {
 		t.Errorf("calls after End must fail")
 	}
 }
@@ -920,7 +920,7 @@ func TestResponsesRoundTrip(t *testing.T) {
 			proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[:5]}}},
 			proxy.Delta{ToolCalls: []proxy.ToolCallDelta{{Index: i, Arguments: tc.Function.Arguments[5:]}}})
 	}
-	_, evs := respRun(t, req, deltas, func(s proxy.Stream) error { return s.End(proxy.FinishToolCalls, proxy.Usage{}) })
+	_, evs := respRun(t, req, deltas, func(s proxy.Stream) error { return s.End(proxy.Finish{Reason: proxy.FinishToolCalls}, proxy.Usage{}) })
 	streamed := respList(respMap(evs[len(evs)-1].data["response"])["output"])
 
 	// Codex keeps each output_item.done item and sends it back without id or status.
@@ -1045,6 +1045,6 @@ func FuzzResponsesDecode(f *testing.F) {
 		Responses{}.WriteResponse(httptest.NewRecorder(), req, &proxy.Response{Choices: []proxy.Choice{{Message: proxy.ChatMessage{Role: "assistant", Content: "x"}, FinishReason: proxy.FinishStop}}})
 		s := Responses{}.NewStream(httptest.NewRecorder(), req)
 		s.Delta(proxy.Delta{Content: "x"})
-		s.End(proxy.FinishStop, proxy.Usage{})
+		s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{})
 	})
 }

@@ -139,6 +139,9 @@ type responseChoice struct {
 	TokenIDs         []int32   `json:"token_ids"`
 	ResponseTokenIDs []int32   `json:"response_token_ids"`
 	MetaInfo         *metaInfo `json:"meta_info"`
+	// MatchedStop is what stopped a "stop" finish: the matched stop string, a stop token
+	// id (a number), or null (SGLang's name for vLLM's stop_reason).
+	MatchedStop json.RawMessage `json:"matched_stop"`
 }
 
 // choiceLogprobs is ChoiceLogprobs. A log-probability is a pointer because SGLang's JSON
@@ -196,6 +199,9 @@ func (s *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 	for i := range sr.Choices {
 		c := &sr.Choices[i]
 		ch := upstream.AnswerChoice(c.Index, c.Message, c.FinishReason)
+		if ch.FinishReason == proxy.FinishStop {
+			ch.StopSequence = upstream.StopSequence(c.MatchedStop, req.Stop)
+		}
 		res.Response.Choices = append(res.Response.Choices, ch)
 		res.Choices = append(res.Choices, tokenData(c, res.PromptIDs, ch.FinishReason))
 	}

@@ -476,7 +476,7 @@ func TestSGLangContextLengthErrors(t *testing.T) {
 		{"prompt and completion too long, chat", requested,
 			"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (1000 in the messages, 4000 in the completion). Please reduce the length of the messages or completion.",
 			1000, 4096, "/v1/chat/completions", chatBody,
-			"This model's maximum context length is 4096 tokens. However, your messages resulted in 1000 tokens."},
+			"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (1000 in the messages, 4000 in the completion). Please reduce the length of the messages or completion."},
 		{"prompt and completion too long, anthropic", requested, "", 1000, 4096, "/v1/messages", fmt.Sprintf(anthBody, 4000, "%s"),
 			"input length and `max_tokens` exceed context limit: 1000 + 4000 \u003e 4096"},
 	}

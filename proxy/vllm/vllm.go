@@ -84,13 +84,37 @@ func (v *Engine) post(ctx context.Context, path string, body []byte) (*http.Resp
 
 // chunkChoice is a choice of a vLLM response or stream chunk.
 type chunkChoice struct {
-	Index        int                `json:"index"`
-	Message      *proxy.ChatMessage `json:"message"`
-	Delta        *delta             `json:"delta"`
-	FinishReason *string            `json:"finish_reason"`
-	TokenIDs     []int32            `json:"token_ids"`
-	Logprobs     *choiceLogprobs    `json:"logprobs"`
-	MetaInfo     map[string]any     `json:"meta_info,omitempty"`
+	Index        int             `json:"index"`
+	Message      *message        `json:"message"`
+	Delta        *delta          `json:"delta"`
+	FinishReason *string         `json:"finish_reason"`
+	TokenIDs     []int32         `json:"token_ids"`
+	Logprobs     *choiceLogprobs `json:"logprobs"`
+	MetaInfo     map[string]any  `json:"meta_info,omitempty"`
+	// StopReason is what stopped a "stop" finish: the matched stop string, a stop token
+	// id (a number), or null for the end-of-sequence token. vLLM sends it on the
+	// non-streamed choice and on the stream's finishing chunk.
+	StopReason json.RawMessage `json:"stop_reason"`
+}
+
+// message is a non-streamed answer's message. vLLM 0.32 names its reasoning "reasoning"
+// (ChatMessage in entrypoints/openai/chat_completion/protocol.py); older versions
+// "reasoning_content", which the embedded ChatMessage reads.
+type message struct {
+	proxy.ChatMessage
+	Reasoning *string `json:"reasoning"`
+}
+
+// chat is m as the normalized message, its reasoning under either name.
+func (m *message) chat() *proxy.ChatMessage {
+	if m == nil {
+		return nil
+	}
+	out := m.ChatMessage
+	if out.ReasoningContent == "" && m.Reasoning != nil {
+		out.ReasoningContent = *m.Reasoning
+	}
+	return &out
 }
 
 type delta struct {
@@ -128,7 +152,7 @@ func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 	var vr response
 	latency, err := upstream.Complete(ctx, v.post, body, &vr)
 	if err != nil {
-		return nil, err
+		return nil, v.countPrompt(ctx, req, err)
 	}
 	res := &proxy.Result{Upstream: body, Latency: latency, PromptIDs: vr.PromptTokenIDs}
 	res.Response.ID = vr.ID
@@ -136,7 +160,11 @@ func (v *Engine) Complete(ctx context.Context, req *proxy.ChatRequest) (*proxy.R
 		res.Response.Usage = *vr.Usage
 	}
 	for _, c := range vr.Choices {
-		res.Response.Choices = append(res.Response.Choices, upstream.AnswerChoice(c.Index, c.Message, c.FinishReason))
+		ch := upstream.AnswerChoice(c.Index, c.Message.chat(), c.FinishReason)
+		if ch.FinishReason == proxy.FinishStop {
+			ch.StopSequence = upstream.StopSequence(c.StopReason, req.Stop)
+		}
+		res.Response.Choices = append(res.Response.Choices, ch)
 		res.Choices = append(res.Choices, tokenData(c.TokenIDs, c.Logprobs, vr.PromptTokenIDs))
 	}
 	if len(res.Response.Choices) == 0 {
@@ -175,6 +203,7 @@ type streamChoice struct {
 	logprobs           []float32
 	sawIDs, sawLP      bool
 	finish             string
+	stopReason         json.RawMessage
 }
 
 func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.StreamSink) (*proxy.Result, error) {
@@ -187,7 +216,7 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 	start := time.Now()
 	resp, err := v.post(ctx, "/v1/chat/completions", body)
 	if err != nil {
-		return nil, err
+		return nil, v.countPrompt(ctx, req, err)
 	}
 	defer resp.Body.Close()
 	res := &proxy.Result{Upstream: body}
@@ -231,6 +260,9 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 			}
 			if c.FinishReason != nil && *c.FinishReason != "" {
 				sc.finish = *c.FinishReason
+			}
+			if len(c.StopReason) > 0 && string(c.StopReason) != "null" {
+				sc.stopReason = c.StopReason
 			}
 			if c.Delta == nil {
 				continue
@@ -279,7 +311,7 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
 		t.Stop()
 	}
-	finishStream(res, choices)
+	finishStream(res, choices, req.Stop)
 	if err != nil && !errors.Is(err, errStopSSE) {
 		if errors.Is(err, proxy.ErrCallerGone) || ctx.Err() != nil {
 			return res, proxy.ErrCallerGone
@@ -300,10 +332,14 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 }
 
 // finishStream turns the accumulated choices into the result, whole or partial.
-func finishStream(res *proxy.Result, choices []*streamChoice) {
+func finishStream(res *proxy.Result, choices []*streamChoice, stop []string) {
 	for i, sc := range choices {
 		msg := proxy.ChatMessage{Role: "assistant", Content: sc.content.String(), ReasoningContent: sc.reasoning.String(), ToolCalls: sc.calls}
-		res.Response.Choices = append(res.Response.Choices, proxy.Choice{Index: i, Message: msg, FinishReason: sc.finish})
+		ch := proxy.Choice{Index: i, Message: msg, FinishReason: sc.finish}
+		if ch.FinishReason == proxy.FinishStop {
+			ch.StopSequence = upstream.StopSequence(sc.stopReason, stop)
+		}
+		res.Response.Choices = append(res.Response.Choices, ch)
 		var ids []int32
 		if sc.sawIDs {
 			ids = sc.ids
@@ -324,16 +360,65 @@ func finishStream(res *proxy.Result, choices []*streamChoice) {
 	}
 }
 
+// tokenizeRequest is vLLM's TokenizeChatRequest for the conversation a chat call would
+// render: the same messages, tools and chat_template_kwargs (enable_thinking changes the
+// template's output), with the generation prompt.
+type tokenizeRequest struct {
+	Model               string            `json:"model"`
+	Messages            []tokenizeMessage `json:"messages"`
+	Tools               []proxy.ChatTool  `json:"tools,omitempty"`
+	ChatTemplateKwargs  map[string]any    `json:"chat_template_kwargs,omitempty"`
+	AddGenerationPrompt bool              `json:"add_generation_prompt"`
+}
+
+// tokenizeMessage is a message as /tokenize must get it: with its reasoning under
+// "reasoning" as well as "reasoning_content". vLLM's chat-template parser
+// (renderers/chat_utils.py, _parse_chat_message_content) reads an assistant's
+// reasoning from "reasoning" only; /v1/chat/completions first renames
+// "reasoning_content" to "reasoning" (ChatCompletionRequest._normalize_messages_before),
+// /tokenize's TokenizeChatRequest does not, so a history with thinking counted 10
+// tokens short of the prompt the chat call rendered (328 against 338). Older vLLM,
+// which reads "reasoning_content", finds it too.
+type tokenizeMessage struct {
+	proxy.ChatMessage
+	Reasoning string `json:"reasoning,omitempty"`
+}
+
+// CountTokens counts the prompt a chat call of req would render (vLLM's /tokenize).
 func (v *Engine) CountTokens(ctx context.Context, req *proxy.ChatRequest) (int, error) {
 	model, err := v.served(ctx)
 	if err != nil {
 		return 0, err
 	}
-	body, err := json.Marshal(map[string]any{"model": model, "messages": req.Messages, "tools": req.Tools, "add_generation_prompt": true})
+	tr := tokenizeRequest{Model: model, Tools: req.Tools, ChatTemplateKwargs: req.ChatTemplateKwargs, AddGenerationPrompt: true}
+	tr.Messages = make([]tokenizeMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		tr.Messages[i] = tokenizeMessage{ChatMessage: m, Reasoning: m.ReasoningContent}
+	}
+	body, err := upstream.Marshal(tr)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("encoding the tokenize request: %w", err)
 	}
 	return upstream.TokenCount(ctx, v.client(), v.BaseURL, "/tokenize", body, upstream.MapError)
+}
+
+// countPrompt completes a context-length refusal (err) with the prompt's exact length
+// when vLLM did not give it (upstream.PromptTokensUnknown), by counting req's prompt
+// with /tokenize: the harness is then told how far over the limit it is, and, when
+// max_tokens alone was too large, that its prompt fits. Any other error, or a count that
+// fails, is returned as it was.
+func (v *Engine) countPrompt(ctx context.Context, req *proxy.ChatRequest, err error) error {
+	var e *proxy.Error
+	if !errors.As(err, &e) || !upstream.PromptTokensUnknown(e) || ctx.Err() != nil {
+		return err
+	}
+	n, cerr := v.CountTokens(ctx, req)
+	if cerr != nil || n <= 0 {
+		return err
+	}
+	counted := *e
+	counted.PromptTokens = n
+	return &counted
 }
 
 func (v *Engine) Models(ctx context.Context) ([]string, error) {

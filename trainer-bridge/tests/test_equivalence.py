@@ -468,8 +468,9 @@ def test_temperature_equivalence_through_refserver(
     top_p 0.9) through `floe serve --sampling record`: the bridge scores each loss row with
     log_softmax(logits / T) of the server's own model, and equals both the rollout
     log-probs (the server's processed log-probs) and each call scored alone at its
-    temperature, within 1e-5; the top_p call is flagged in the sample table. Under
-    `--sampling force` every call is sampled and scored at T = 1."""
+    temperature, within 1e-5; the top_p call, kept trainable by -train-truncated (by
+    default such a call is recorded untrainable: docs/proxy.md), is flagged in the sample
+    table. Under `--sampling force` every call is sampled and scored at T = 1."""
     import floe_stack
     from floe_refserver.model import build_model
     from floe_refserver.tokenizer import load_tokenizer
@@ -484,6 +485,7 @@ def test_temperature_equivalence_through_refserver(
             str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
             "-data-dir", str(tmp_path / "data"), "-upstream", upstream, "-group-size", "3",
             "-groups-per-step", "1", "-token-budget", "2048", "-pad-multiple", "16", "-sampling", sampling,
+            "-train-truncated",
         ], 60)
         control = addrs.get("control") or addrs["proxy"]
         for i, (name, temp) in enumerate(temps.items()):

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,12 +271,40 @@ func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []
 	return resp, nil
 }
 
-// vLLM words a context overflow as: "This model's maximum context length is 4096 tokens.
-// However, you requested 5000 tokens (4000 in the messages, 1000 in the completion)."
+// vLLM's context-length refusals, in the words of each version (the numbers are what
+// the dialects answer with: Claude Code and Codex compact their history, or lower
+// max_tokens, on their provider's own wording of these).
 var (
+	// Every version: "This model's maximum context length is 4096 tokens. …"
 	contextLengthRE = regexp.MustCompile(`maximum context length is (\d+) tokens`)
-	inMessagesRE    = regexp.MustCompile(`\((\d+) in the messages`)
-	requestedRE     = regexp.MustCompile(`requested (\d+) tokens`)
+	// Before 0.10: "… However, you requested 5000 tokens (4000 in the messages, 1000 in
+	// the completion). …"
+	inMessagesRE = regexp.MustCompile(`\((\d+) in the messages, (\d+) in the completion\)`)
+	requestedRE  = regexp.MustCompile(`requested (\d+) tokens`)
+	// 0.10 and later, until the renderer: "'max_tokens' or 'max_completion_tokens' is too
+	// large: 32000. This model's maximum context length is 32768 tokens and your request
+	// has 17177 input tokens (32000 > 32768 - 17177)." and "… However, your request has
+	// 40000 input tokens. …"
+	tooLargeRE   = regexp.MustCompile(`is too large: (\d+)\.`)
+	requestHasRE = regexp.MustCompile(`your request has (\d+) input tokens`)
+	// 0.32 (vllm/renderers/params.py, TokenizeParams._token_len_check): "… However, your
+	// prompt contains at least 4097 input tokens, which exceeds this limit even without
+	// any output tokens. Please reduce the length of the input prompt. (parameter=
+	// input_tokens, value=4097)". "at least" because vLLM stops tokenizing one token past
+	// the limit: the count is then max + 1, a lower bound.
+	promptContainsRE = regexp.MustCompile(`your prompt contains (?:at least )?(\d+) input tokens`)
+	// 0.32 (_text_len_check), before tokenizing a text longer than any prompt of max
+	// tokens can be: "… However, your prompt contains 90000 characters (more than 65536
+	// characters, which is the upper bound for 4096 input tokens). …"
+	promptCharsRE = regexp.MustCompile(`your prompt contains \d+ characters \(more than`)
+	// 0.32 (TokenizeParams.__post_init__), max_tokens alone over the model's length,
+	// checked before the prompt is tokenized: "max_completion_tokens=5000 cannot be
+	// greater than max_model_len=4096. Please request fewer output tokens.
+	// (parameter=max_completion_tokens, value=5000)"
+	budgetOverModelRE = regexp.MustCompile(`(?:max_tokens|max_completion_tokens|max_output_tokens)=(\d+) cannot be greater than max_model_len=(\d+)`)
+	// 0.32 (serve/utils/api_utils.py, get_max_tokens), a prompt over the length after
+	// truncation: "Input length (5000) exceeds model's maximum context length (4096)."
+	inputLengthRE = regexp.MustCompile(`Input length \((\d+)\) exceeds model's maximum context length \((\d+)\)`)
 )
 
 // Message is the message of an upstream error answer: the top-level "message" of
@@ -302,14 +331,7 @@ func Message(body []byte) string {
 // MapError turns an upstream error response into an *Error of the right kind.
 func MapError(status int, body []byte) *proxy.Error {
 	msg := Message(body)
-	if m := contextLengthRE.FindStringSubmatch(msg); m != nil {
-		e := &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrContextLength, Message: msg}
-		e.MaxTokens, _ = strconv.Atoi(m[1])
-		if p := inMessagesRE.FindStringSubmatch(msg); p != nil {
-			e.PromptTokens, _ = strconv.Atoi(p[1])
-		} else if p := requestedRE.FindStringSubmatch(msg); p != nil {
-			e.PromptTokens, _ = strconv.Atoi(p[1])
-		}
+	if e := contextLengthError(msg); e != nil {
 		return e
 	}
 	switch {
@@ -322,6 +344,57 @@ func MapError(status int, body []byte) *proxy.Error {
 	default:
 		return &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrInvalidRequest, Message: "inference server rejected the request: " + msg}
 	}
+}
+
+// contextLengthError reads a context-length refusal in any of vLLM's wordings into an
+// ErrContextLength with the numbers it gives, or returns nil for any other message.
+// PromptTokens is 0 when vLLM did not tokenize the prompt (max_tokens alone over the
+// length), and MaxTokens + 1 when it stopped counting there: PromptTokensUnknown says
+// when an engine should count them itself.
+func contextLengthError(msg string) *proxy.Error {
+	atoi := func(s string) int { n, _ := strconv.Atoi(s); return n }
+	e := &proxy.Error{Status: http.StatusBadRequest, Kind: proxy.ErrContextLength, Message: msg}
+	if m := budgetOverModelRE.FindStringSubmatch(msg); m != nil {
+		e.CompletionTokens, e.MaxTokens = atoi(m[1]), atoi(m[2])
+		return e
+	}
+	if m := inputLengthRE.FindStringSubmatch(msg); m != nil {
+		e.PromptTokens, e.MaxTokens = atoi(m[1]), atoi(m[2])
+		return e
+	}
+	m := contextLengthRE.FindStringSubmatch(msg)
+	if m == nil {
+		return nil
+	}
+	e.MaxTokens = atoi(m[1])
+	switch {
+	case inMessagesRE.MatchString(msg):
+		p := inMessagesRE.FindStringSubmatch(msg)
+		e.PromptTokens, e.CompletionTokens = atoi(p[1]), atoi(p[2])
+	case promptContainsRE.MatchString(msg):
+		e.PromptTokens = atoi(promptContainsRE.FindStringSubmatch(msg)[1])
+	case promptCharsRE.MatchString(msg):
+		// More characters than max tokens can hold: more than max tokens, by how many
+		// vLLM did not count.
+		e.PromptTokens = e.MaxTokens + 1
+	case requestHasRE.MatchString(msg):
+		e.PromptTokens = atoi(requestHasRE.FindStringSubmatch(msg)[1])
+		if b := tooLargeRE.FindStringSubmatch(msg); b != nil {
+			e.CompletionTokens = atoi(b[1])
+		}
+	case requestedRE.MatchString(msg):
+		e.PromptTokens = atoi(requestedRE.FindStringSubmatch(msg)[1])
+	}
+	return e
+}
+
+// PromptTokensUnknown reports whether e, a context-length error, lacks the prompt's
+// exact length: vLLM 0.32 stops tokenizing one token past the limit ("at least 4097
+// input tokens"), refuses a text too long to tokenize by its characters, and checks
+// max_tokens before tokenizing at all. An engine then counts the prompt itself, so that
+// the harness is told by how much it is over (Claude Code compacts by that much).
+func PromptTokensUnknown(e *proxy.Error) bool {
+	return e.Kind == proxy.ErrContextLength && (e.PromptTokens == 0 || (e.MaxTokens > 0 && e.PromptTokens == e.MaxTokens+1))
 }
 
 // AnswerChoice is an engine's choice as the normalized answer: an assistant message
@@ -340,6 +413,21 @@ func AnswerChoice(index int, m *proxy.ChatMessage, finishReason *string) proxy.C
 		finish = *finishReason
 	}
 	return proxy.Choice{Index: index, Message: msg, FinishReason: finish}
+}
+
+// StopSequence is the stop string that ended a choice, given what the engine says
+// stopped it (vLLM's stop_reason, SGLang's matched_stop: the matched stop string, a stop
+// token id as a number, or null for the end of sequence). Only a string that is one of
+// the request's stop sequences counts.
+func StopSequence(stoppedBy json.RawMessage, stop []string) string {
+	var s string
+	if len(stoppedBy) == 0 || json.Unmarshal(stoppedBy, &s) != nil || s == "" {
+		return ""
+	}
+	if slices.Contains(stop, s) {
+		return s
+	}
+	return ""
 }
 
 // Complete posts a non-streaming chat completion and decodes the answer into out; it

@@ -125,3 +125,50 @@ func TestEncodeRequestSplicesLargeStrings(t *testing.T) {
 		t.Error("EncodeRequest changed the caller's request")
 	}
 }
+
+// TestMapErrorContextLength: issue 20, 3.3. Every vLLM wording of a request over the
+// model's length, from the exact bodies each version answers, becomes ErrContextLength
+// with the numbers it gives; PromptTokensUnknown says when they are not the prompt's
+// exact length, so the engine counts it.
+func TestMapErrorContextLength(t *testing.T) {
+	cases := []struct {
+		name                string
+		body                string
+		prompt, max, budget int
+		unknown             bool
+	}{
+		{"0.32, prompt over the limit", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains at least 4097 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=4097)","type":"BadRequestError","param":"input_tokens","code":400}}`,
+			4097, 4096, 0, true},
+		{"0.32, prompt over the limit, counted whole", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=5000)","type":"BadRequestError","param":"input_tokens","code":400}}`,
+			5000, 4096, 0, false},
+		{"0.32, prompt over the limit by its characters", `{"error":{"message":"This model's maximum context length is 4096 tokens. However, your prompt contains 90000 characters (more than 65536 characters, which is the upper bound for 4096 input tokens). Please reduce the length of the input prompt. (parameter=input_text, value=90000)","type":"BadRequestError","param":"input_text","code":400}}`,
+			4097, 4096, 0, true},
+		{"0.32, max_completion_tokens over the length", `{"error":{"message":"max_completion_tokens=5000 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_completion_tokens, value=5000)","type":"BadRequestError","param":"max_completion_tokens","code":400}}`,
+			0, 4096, 5000, true},
+		{"0.32, max_tokens over the length", `{"error":{"message":"max_tokens=8192 cannot be greater than max_model_len=4096. Please request fewer output tokens. (parameter=max_tokens, value=8192)","type":"BadRequestError","param":"max_tokens","code":400}}`,
+			0, 4096, 8192, true},
+		{"0.32, input length after truncation", `{"error":{"message":"Input length (5000) exceeds model's maximum context length (4096).","type":"BadRequestError","param":null,"code":400}}`,
+			5000, 4096, 0, false},
+		{"0.10, budget", `{"object":"error","message":"'max_tokens' or 'max_completion_tokens' is too large: 32000. This model's maximum context length is 32768 tokens and your request has 17177 input tokens (32000 > 32768 - 17177).","type":"BadRequestError","param":null,"code":400}`,
+			17177, 32768, 32000, false},
+		{"0.10, prompt", `{"object":"error","message":"This model's maximum context length is 32768 tokens. However, your request has 40000 input tokens. Please reduce the length of the input messages.","type":"BadRequestError","param":null,"code":400}`,
+			40000, 32768, 0, false},
+		{"before 0.10", `{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}`,
+			4000, 4096, 1000, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := MapError(http.StatusBadRequest, []byte(tc.body))
+			if e.Kind != proxy.ErrContextLength || e.Status != http.StatusBadRequest || e.PromptTokens != tc.prompt || e.MaxTokens != tc.max || e.CompletionTokens != tc.budget {
+				t.Errorf("MapError = %+v; want a 400 context-length error, prompt %d, max %d, budget %d", e, tc.prompt, tc.max, tc.budget)
+			}
+			if got := PromptTokensUnknown(e); got != tc.unknown {
+				t.Errorf("PromptTokensUnknown = %v, want %v", got, tc.unknown)
+			}
+		})
+	}
+	other := MapError(http.StatusBadRequest, []byte(`{"error":{"message":"top_k must be 0 (disable), or at least 1, got -2.","type":"BadRequestError","param":"top_k","code":400}}`))
+	if other.Kind != proxy.ErrInvalidRequest || PromptTokensUnknown(other) {
+		t.Errorf("another 400: %+v", other)
+	}
+}
