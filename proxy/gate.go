@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -22,13 +23,25 @@ type Gate struct {
 	// DrainTimeout bounds Pause's wait for the calls in flight; 0: DefaultDrainTimeout;
 	// negative: no bound.
 	DrainTimeout time.Duration
+	// MaxPause bounds a pause: once one has lasted this long without a resume (a trainer
+	// that crashed between pause and resume), the gate stops holding calls. Those waiting
+	// in Admit and every new one fail with ErrPauseExpired at once, which the proxy
+	// answers with its provider's overloaded error so that harnesses back off, and
+	// OnPauseExpired is called once. 0 or negative: a pause holds calls for ever.
+	MaxPause time.Duration
+	// OnPauseExpired, when set, is called (from a timer's goroutine, without the gate's
+	// lock) when a pause outlasts MaxPause, with how long it has lasted.
+	OnPauseExpired func(paused time.Duration)
 
-	mu      sync.Mutex
-	paused  bool
-	version int64
-	calls   map[*admitted]struct{} // in flight
-	drained int64                  // calls cut off by a drain timeout, ever
-	changed chan struct{}          // closed and replaced on every change
+	mu       sync.Mutex
+	paused   bool
+	pausedAt time.Time
+	expired  bool        // the pause has outlasted MaxPause
+	expiry   *time.Timer // fires at pausedAt + MaxPause; nil when not armed
+	version  int64
+	calls    map[*admitted]struct{} // in flight
+	drained  int64                  // calls cut off by a drain timeout, ever
+	changed  chan struct{}          // closed and replaced on every change
 }
 
 // admitted is one call in flight.
@@ -86,6 +99,11 @@ func (g *Gate) Admit(ctx context.Context) (callCtx context.Context, version int6
 				})
 			}, nil
 		}
+		if g.expired {
+			since := time.Since(g.pausedAt).Round(time.Second)
+			g.mu.Unlock()
+			return nil, 0, nil, fmt.Errorf("paused for %s: %w", since, ErrPauseExpired)
+		}
 		ch := g.wait()
 		g.mu.Unlock()
 		select {
@@ -101,7 +119,10 @@ func (g *Gate) Admit(ctx context.Context) (callCtx context.Context, version int6
 // returns ctx's error and the gate stays paused. It returns the current policy version.
 func (g *Gate) Pause(ctx context.Context) (int64, error) {
 	g.mu.Lock()
-	g.paused = true
+	if !g.paused {
+		g.paused, g.pausedAt, g.expired = true, time.Now(), false
+		g.armExpiry()
+	}
 	g.notify()
 	var timeout <-chan time.Time
 	if d := g.drainTimeout(); d > 0 && len(g.calls) > 0 {
@@ -156,9 +177,59 @@ func (g *Gate) Resume(v int64) error {
 			return fmt.Errorf("recording policy version %d: %w", v, err)
 		}
 	}
-	g.paused, g.version = false, v
+	g.paused, g.version, g.expired = false, v, false
+	if g.expiry != nil {
+		g.expiry.Stop()
+		g.expiry = nil
+	}
 	g.notify()
 	return nil
+}
+
+// ErrPauseExpired is what Admit fails with while a pause has outlasted MaxPause.
+var ErrPauseExpired = errors.New("the weight sync's pause outlasted its maximum (floe's -max-pause): the trainer has not resumed")
+
+// armExpiry starts the MaxPause timer of a pause that just began; g.mu is held. The
+// timer is the gate's: Resume stops it, and one that fires after a resume (or for an
+// earlier pause) finds its pause over and does nothing.
+func (g *Gate) armExpiry() {
+	if g.MaxPause <= 0 {
+		return
+	}
+	if g.expiry != nil {
+		g.expiry.Stop()
+	}
+	began := g.pausedAt
+	g.expiry = time.AfterFunc(g.MaxPause, func() {
+		g.mu.Lock()
+		if !g.paused || !g.pausedAt.Equal(began) || g.expired {
+			g.mu.Unlock()
+			return
+		}
+		g.expired = true
+		g.notify() // the calls waiting in Admit fail now
+		g.mu.Unlock()
+		if g.OnPauseExpired != nil {
+			g.OnPauseExpired(time.Since(began))
+		}
+	})
+}
+
+// PauseExpired reports whether the gate is paused and the pause has outlasted MaxPause.
+func (g *Gate) PauseExpired() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.paused && g.expired
+}
+
+// PausedFor is how long the current pause has lasted (0 when not paused).
+func (g *Gate) PausedFor() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.paused {
+		return 0
+	}
+	return time.Since(g.pausedAt)
 }
 
 // State reports whether the gate is paused, the policy version and the calls in flight.

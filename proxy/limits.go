@@ -41,6 +41,31 @@ type Limits struct {
 	// "floe_truncated". The normalized request sent upstream, which holds everything the
 	// model saw, is always stored whole.
 	StoredRequestBytes int
+	// BodyTimeout bounds the whole read of a request body, however steadily it trickles
+	// (ClientIdle bounds only its silences). A body is read before the call takes its
+	// MaxInflight slot, so a slow one holds none.
+	BodyTimeout time.Duration
+	// UnauthenticatedTimeout bounds a proxy connection from its accept to its first
+	// request with a live session's key (ConnLimiter): a stranger's connection, idle or
+	// trickling, is closed after it.
+	UnauthenticatedTimeout time.Duration
+	// MaxConns caps the proxy's connections (ConnLimiter); 0 derives the cap from the
+	// process's descriptor limit (ConnCapFromNofile).
+	MaxConns int
+	// MaxN caps a request's n (choices per call): each is a whole generation upstream.
+	MaxN int
+	// MediaHosts are the hosts an image URL may name (host, or host:port); none: only
+	// data: URLs pass, since the inference server would fetch any other (request forgery
+	// from the inference host).
+	MediaHosts []string
+	// TemplateKwargs are the chat_template_kwargs keys a request may set; nil:
+	// DefaultTemplateKwargs. An empty, non-nil list allows none.
+	TemplateKwargs []string
+	// MaxSessionBytes caps what one session stores (its calls' requests, answers and
+	// tokens); past it the session's calls are refused. MinFreeDisk is the free space
+	// (of the store's disk, Server.DiskFree) below which every call is refused before it
+	// goes upstream. Both are 0 (off) unless set: floe serve sets them.
+	MaxSessionBytes, MinFreeDisk int64
 }
 
 // StoredFieldBytes is the largest top-level field kept of a request over
@@ -54,15 +79,23 @@ const StoredFieldBytes = 64 << 10
 // context queued behind it (2m); a live harness reads its stream as it comes (2m).
 func DefaultLimits() Limits {
 	return Limits{
-		UpstreamConnect:       10 * time.Second,
-		UpstreamFirstByte:     10 * time.Minute,
-		UpstreamIdle:          2 * time.Minute,
-		ClientIdle:            2 * time.Minute,
-		MaxInflight:           1024,
-		MaxInflightPerSession: 32,
-		StoredRequestBytes:    1 << 20,
+		UpstreamConnect:        10 * time.Second,
+		UpstreamFirstByte:      10 * time.Minute,
+		UpstreamIdle:           2 * time.Minute,
+		ClientIdle:             2 * time.Minute,
+		MaxInflight:            1024,
+		MaxInflightPerSession:  32,
+		StoredRequestBytes:     1 << 20,
+		BodyTimeout:            time.Minute,
+		UnauthenticatedTimeout: 10 * time.Second,
+		MaxN:                   16,
 	}
 }
+
+// DefaultTemplateKwargs are the chat_template_kwargs keys a request may set by default:
+// the reasoning switches floe's dialects set themselves. chat_template above all is
+// refused (it replaces the whole template the model is trained under).
+var DefaultTemplateKwargs = []string{"enable_thinking", "thinking"}
 
 // withDefaults fills the zero fields from DefaultLimits and turns negative ones into 0
 // (no limit).
@@ -87,13 +120,21 @@ func (l Limits) withDefaults() Limits {
 		return v
 	}
 	return Limits{
-		UpstreamConnect:       dur(l.UpstreamConnect, d.UpstreamConnect),
-		UpstreamFirstByte:     dur(l.UpstreamFirstByte, d.UpstreamFirstByte),
-		UpstreamIdle:          dur(l.UpstreamIdle, d.UpstreamIdle),
-		ClientIdle:            dur(l.ClientIdle, d.ClientIdle),
-		MaxInflight:           num(l.MaxInflight, d.MaxInflight),
-		MaxInflightPerSession: num(l.MaxInflightPerSession, d.MaxInflightPerSession),
-		StoredRequestBytes:    num(l.StoredRequestBytes, d.StoredRequestBytes),
+		UpstreamConnect:        dur(l.UpstreamConnect, d.UpstreamConnect),
+		UpstreamFirstByte:      dur(l.UpstreamFirstByte, d.UpstreamFirstByte),
+		UpstreamIdle:           dur(l.UpstreamIdle, d.UpstreamIdle),
+		ClientIdle:             dur(l.ClientIdle, d.ClientIdle),
+		MaxInflight:            num(l.MaxInflight, d.MaxInflight),
+		MaxInflightPerSession:  num(l.MaxInflightPerSession, d.MaxInflightPerSession),
+		StoredRequestBytes:     num(l.StoredRequestBytes, d.StoredRequestBytes),
+		BodyTimeout:            dur(l.BodyTimeout, d.BodyTimeout),
+		UnauthenticatedTimeout: dur(l.UnauthenticatedTimeout, d.UnauthenticatedTimeout),
+		MaxConns:               l.MaxConns,
+		MaxN:                   num(l.MaxN, d.MaxN),
+		MediaHosts:             l.MediaHosts,
+		TemplateKwargs:         l.TemplateKwargs,
+		MaxSessionBytes:        max(l.MaxSessionBytes, 0),
+		MinFreeDisk:            max(l.MinFreeDisk, 0),
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -83,6 +84,11 @@ func TestPeakMemoryPerMaximumSizeRequest(t *testing.T) {
 // peakPerRequest sends n concurrent requests of size bytes and returns the peak rise of
 // the live heap per request, in bodies.
 func peakPerRequest(t *testing.T, n, size int, unknown bool) float64 {
+	return peakPerRequestOf(t, n, size, func() io.Reader { return bodyReader(size, unknown) }, fmt.Sprintf("unknown field: %v", unknown))
+}
+
+// peakPerRequestOf is peakPerRequest for bodies of size bytes that body streams.
+func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label string) float64 {
 	var arrived atomic.Int32
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -128,7 +134,7 @@ func peakPerRequest(t *testing.T, n, size int, unknown bool) float64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req, _ := http.NewRequest(http.MethodPost, px.URL+"/v1/chat/completions", bodyReader(size, unknown))
+			req, _ := http.NewRequest(http.MethodPost, px.URL+"/v1/chat/completions", body())
 			req.ContentLength = int64(size)
 			req.Header.Set("Authorization", "Bearer k")
 			resp, err := http.DefaultClient.Do(req)
@@ -147,7 +153,7 @@ func peakPerRequest(t *testing.T, n, size int, unknown bool) float64 {
 	close(stop)
 	<-sampled
 	per := float64(peak.Load()-base) / float64(n) / float64(size)
-	t.Logf("%d concurrent %d MiB requests (unknown field: %v): peak heap %.0f MiB above the start, %.3f bodies per request",
-		n, size>>20, unknown, float64(peak.Load()-base)/(1<<20), per)
+	t.Logf("%d concurrent %d MiB requests (%s): peak heap %.0f MiB above the start, %.3f bodies per request",
+		n, size>>20, label, float64(peak.Load()-base)/(1<<20), per)
 	return per
 }

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -58,7 +57,11 @@ type Server struct {
 
 	slots        inflight
 	sessionSlots sessionInflight
-	storeErr     atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
+	guard        guardState // proxy/admit.go
+	// DiskFree, when set, reports the free bytes of the store's disk, for
+	// Limits.MinFreeDisk.
+	DiskFree func() (uint64, error)
+	storeErr atomic.Pointer[string] // why the last write to the store failed; nil when it succeeded
 	// Sampling is the --sampling policy ("" is SamplingRecord).
 	Sampling SamplingPolicy
 	// TrainTruncated (-train-truncated) keeps calls sampled with truncation (top_p < 1,
@@ -192,7 +195,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if op == opUnknown {
 		// A path floe does not serve: its 404 takes the shape the body points to, read only
 		// as far as that needs, and it holds no slot.
-		body, _ := readBody(raw, r, unknownPathBodyBytes, lim.ClientIdle)
+		body, _ := readBody(raw, r, unknownPathBodyBytes, lim.ClientIdle, strangerBodyTimeout(lim))
 		if d, _ = s.route(r, body); d == nil {
 			d = s.fallbackDialect()
 		}
@@ -213,35 +216,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, d, aerr)
 		return
 	}
-	// One session cannot take every slot: the others' calls still find room.
-	if !s.sessionSlots.acquire(session, lim.MaxInflightPerSession) {
-		w.Header().Set("Retry-After", "1")
-		s.writeError(w, d, sessionCapacityError(lim.MaxInflightPerSession))
+	markAuthenticated(r.Context())
+	// The body is read before the call takes a slot (proxy/admit.go).
+	body, release, ok := s.admit(w, raw, r, d, op, session, limit, lim)
+	if !ok {
 		return
 	}
-	defer s.sessionSlots.release(session, lim.MaxInflightPerSession)
-	if !s.slots.acquire(lim.MaxInflight) {
-		w.Header().Set("Retry-After", "1")
-		s.writeError(w, d, capacityError(lim.MaxInflight))
-		return
-	}
-	defer s.slots.release(lim.MaxInflight)
-	body, err := readBody(raw, r, limit, lim.ClientIdle)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			s.writeError(w, d, &Error{Status: http.StatusRequestEntityTooLarge, Kind: ErrTooLarge,
-				Message: fmt.Sprintf("request body is larger than the limit of %d bytes", limit)})
-			return
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.writeError(w, d, &Error{Status: http.StatusRequestTimeout, Kind: ErrInvalidRequest,
-				Message: fmt.Sprintf("the request body stopped arriving for %s (floe's -client-idle-timeout)", lim.ClientIdle)})
-			return
-		}
-		s.writeError(w, d, &Error{Status: http.StatusBadRequest, Kind: ErrInvalidRequest, Message: "reading the request body: " + err.Error()})
-		return
-	}
+	defer release()
 	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), upstreamSessionID(session, r), s.SessionHeader)
 	switch op {
 	case opModels:
@@ -258,7 +239,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: "this API has no token counting"})
 			return
 		}
-		req, err := d.Decode(r, body)
+		req, err := s.decode(d, r, body, lim)
 		if err != nil {
 			s.fail(w, d, err)
 			return
@@ -271,7 +252,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		counter.WriteCount(w, req, n)
 		return
 	}
-	req, err := d.Decode(r, body)
+	req, err := s.decode(d, r, body, lim)
 	if err != nil {
 		s.fail(w, d, err)
 		return
@@ -288,59 +269,6 @@ func upstreamSessionID(session string, r *http.Request) string {
 	}
 	sum := sha256.Sum256([]byte("floe-session\x00" + session))
 	return "sess-" + hex.EncodeToString(sum[:12])
-}
-
-// readBody reads a request body of at most limit bytes: into one buffer of its
-// Content-Length when it has one (io.ReadAll would grow a copy by doubling, up to twice
-// the body), refusing a declared length over the limit before reading anything. With
-// idle > 0, a body that stops arriving for idle fails with os.ErrDeadlineExceeded: a
-// harness trickling its body holds no -max-inflight slot for long.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, idle time.Duration) (body []byte, err error) {
-	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	var rd io.Reader = http.MaxBytesReader(w, r.Body, limit)
-	if idle > 0 {
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(idle)) == nil {
-			// Cleared once the body is in: net/http's read of the connection while the
-			// handler runs (to see the caller hang up) must not time out. After a
-			// failure it stays, so that net/http drops the connection at once rather
-			// than wait for the rest of the body.
-			defer func() {
-				if err == nil {
-					_ = rc.SetReadDeadline(time.Time{})
-				}
-			}()
-			rd = &idleReader{r: rd, rc: rc, idle: idle}
-		}
-	}
-	if r.ContentLength <= 0 {
-		return io.ReadAll(rd)
-	}
-	buf := make([]byte, r.ContentLength)
-	n, err := io.ReadFull(rd, buf)
-	return buf[:n], err
-}
-
-// idleReader moves the read deadline forward as data arrives (at most every eighth of
-// idle).
-type idleReader struct {
-	r    io.Reader
-	rc   *http.ResponseController
-	idle time.Duration
-	next int64
-}
-
-func (i *idleReader) Read(p []byte) (int, error) {
-	n, err := i.r.Read(p)
-	if n > 0 {
-		if now := time.Now(); now.UnixNano() >= i.next {
-			_ = i.rc.SetReadDeadline(now.Add(i.idle))
-			i.next = now.Add(i.idle / 8).UnixNano()
-		}
-	}
-	return n, err
 }
 
 // healthz answers ok, or 503 with the reason while the store cannot write (its last write
@@ -471,6 +399,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 	var version int64
 	if s.Gate != nil {
 		c, v, leave, err := s.Gate.Admit(ctx)
+		if errors.Is(err, ErrPauseExpired) { // -max-pause: refused, so that its SDK backs off
+			w.Header().Set("Retry-After", "5")
+			s.writeError(w, d, pauseExpiredError())
+			return
+		}
 		if err != nil {
 			return // the caller went away while paused
 		}
@@ -644,6 +577,7 @@ func (s *Server) record(ctx context.Context, d Dialect, req *Request, res *Resul
 		if err != nil {
 			return fmt.Errorf("recording a call of session %s: %w", session, err)
 		}
+		s.charge(session, &c) // -max-session-bytes
 		if s.Metrics != nil {
 			s.Metrics.Recorded(d.Name(), c.Trainable)
 			if m, ok := s.Metrics.(SamplingMetrics); ok && !c.Sampling.Reproducible() {

@@ -97,7 +97,8 @@ func (c *TrainerControl) Status() any { return c.Snapshot() }
 // Snapshot is floe's Status now.
 func (c *TrainerControl) Snapshot() Status {
 	paused, version, inflight := c.gate().State()
-	out := Status{Paused: paused, PolicyVersion: version, Inflight: inflight, Reports: []arrowflight.Report{}}
+	out := Status{Paused: paused, PolicyVersion: version, Inflight: inflight, Reports: []arrowflight.Report{},
+		PauseExpired: c.gate().PauseExpired()}
 	if c.Ready != nil {
 		out.ReadyStatus = c.Ready.Snapshot()
 	}

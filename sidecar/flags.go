@@ -19,7 +19,8 @@ var (
 	// ProxyFlags are the proxy side's settings, shared by floe serve and floe proxy.
 	ProxyFlags = []string{"proxy-addr", "control-addr", "control-token-file", "upstream", "upstream-health-interval",
 		"upstream-session-header", "engine", "model", "open-sessions", "upstream-connect-timeout", "upstream-first-byte-timeout", "upstream-idle-timeout", "client-idle-timeout",
-		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling", "train-truncated"}
+		"drain-timeout", "max-inflight", "max-inflight-per-session", "sampling", "train-truncated",
+		"client-body-timeout", "unauthenticated-timeout", "max-conns", "max-n", "media-hosts", "chat-template-kwargs", "max-session-bytes", "max-pause"}
 	// FlightFlags are the Flight service's, shared by floe serve and floe corpus-serve.
 	FlightFlags = []string{"flight-addr", "flight-token-file", "flight-token"}
 	// proxyOnly are the flags floe serve does not take: RegisterFlags with no names
@@ -170,6 +171,17 @@ var serveFlags = []struct {
 		fs.IntVar(&c.ProxyLimits.MaxInflight, n, c.ProxyLimits.MaxInflight,
 			"most model calls served at once; past it a call gets its provider's overloaded error at once (negative: no limit)")
 	}},
+	// The guards against a harness that would exhaust floe (docs/security.md); defined in
+	// guardFlags (sidecar/guardflags.go).
+	{"client-body-timeout", defineGuardFlag},
+	{"unauthenticated-timeout", defineGuardFlag},
+	{"max-conns", defineGuardFlag},
+	{"max-n", defineGuardFlag},
+	{"media-hosts", defineGuardFlag},
+	{"chat-template-kwargs", defineGuardFlag},
+	{"max-session-bytes", defineGuardFlag},
+	{"min-free-disk", defineGuardFlag},
+	{"max-pause", defineGuardFlag},
 	{"train-truncated", trainTruncatedFlag},
 	{"sampling", func(c *Config, fs *flag.FlagSet, n string) {
 		fs.Func(n, "sampling policy: record (pass the caller's temperature and top_p upstream and train each call at its temperature) or force (sample every call at T=1, top_p=1, counting overrides) (default "+string(c.Sampling)+")",

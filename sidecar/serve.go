@@ -90,6 +90,11 @@ type Config struct {
 	// DrainTimeout bounds how long a pause waits for calls in flight before it cuts them
 	// off (recorded untrainable); negative: no bound.
 	DrainTimeout time.Duration
+	// MaxPause bounds a pause the trainer does not end: past it, floe logs an error, sets
+	// floe_pause_expired and the status's pause_expired, and refuses new calls with their
+	// provider's overloaded error until a resume (0 or negative: a pause holds calls for
+	// ever).
+	MaxPause time.Duration
 	// Sampling is the proxy's sampling policy (--sampling): record (default) passes the
 	// caller's temperature and top_p upstream and records them with each call, so the
 	// trainer scores each call at its temperature; force samples every call at T = 1,
@@ -97,7 +102,7 @@ type Config struct {
 	Sampling proxy.SamplingPolicy
 	// TrainTruncated (-train-truncated) keeps calls sampled with top_p < 1, top_k > 0,
 	// min_p > 0 or greedily trainable, for users who accept the biased ratio; by default
-	// they are recorded untrainable (docs/proxy.md, "Sampling").
+	// they are recorded untrainable (docs/proxy.md, "Sampling and what trains").
 	TrainTruncated bool
 
 	// UpstreamHealthInterval is how often each replica's GET /health is checked
@@ -121,7 +126,7 @@ func DefaultConfig() Config {
 		DataDir: "./floe-data", Batcher: batcher.DefaultConfig(), GroupSize: 8, MinGroupSize: 2,
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
-		ProxyLimits: proxy.DefaultLimits(), DrainTimeout: proxy.DefaultDrainTimeout,
+		ProxyLimits: defaultProxyLimits(), DrainTimeout: proxy.DefaultDrainTimeout, MaxPause: DefaultMaxPause,
 		Sampling: proxy.SamplingRecord, Archive: true,
 	}
 }
@@ -336,7 +341,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
-	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: PauseExpired(log)}
 	if err := gate.Resume(version); err != nil {
 		return err
 	}
@@ -351,7 +356,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader}
+		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader,
+		DiskFree: func() (uint64, error) { return diskFree(cfg.DataDir) }}
 	pl, err := net.Listen("tcp", cfg.ProxyAddr)
 	if err != nil {
 		return fmt.Errorf("proxy listen: %w", err)
@@ -393,9 +399,8 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
 		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
 		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize, Log: log}
-	// An idle keep-alive connection from a harness is closed after IdleTimeout, so
-	// connections left open cannot pile up.
-	hs := &http.Server{Handler: px, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
+	hs, conns := ProxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
+	guardMetrics(metrics.Registry(), gate, conns)
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 	rb.OnCommit = func(n int64) error {
@@ -417,6 +422,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
 		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Archive)
+	warnOpenListeners(cfg, log)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(mon.Run)
@@ -426,7 +432,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		p.Go(archiver.Run)
 	}
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
-	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, pl) })
+	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, conns.Listener(pl)) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })
 	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, http.ErrServerClosed) {
 		return err

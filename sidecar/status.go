@@ -12,6 +12,9 @@ import (
 type Status struct {
 	Paused        bool  `json:"paused"`
 	PolicyVersion int64 `json:"policy_version"`
+	// PauseExpired: the pause has outlasted -max-pause, and calls are refused until a
+	// resume.
+	PauseExpired bool `json:"pause_expired,omitempty"`
 	// Inflight is the number of upstream calls in flight.
 	Inflight int `json:"inflight"`
 	// Sessions is how many sessions the control API created since floe started; absent

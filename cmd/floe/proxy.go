@@ -76,7 +76,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer file.Close()
 		rec = teeRecorder{store, file}
 	}
-	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: sidecar.PauseExpired(log)}
 	srv := &proxy.Server{
 		Dialects: providers.Dialects(), Engine: eng,
 		Sessions: store, Recorder: rec, Gate: gate, OpenSessions: cfg.OpenSessions, MaxBodyBytes: *maxBody, Log: log,
@@ -102,11 +102,11 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstreams", eng.Status())
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute}
+	hs, conns := sidecar.ProxyHTTPServer(cfg, srv, log) // connections bounded by the descriptor limit
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(eng.Run) // the replicas' health checks
-	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, lis) })
+	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, hs, conns.Listener(lis)) })
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, cs, cl) })
 	return p.Wait()
 }

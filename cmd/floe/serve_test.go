@@ -30,6 +30,7 @@ import (
 // FLOE_MAIN_ARGS set is `floe` with those arguments.
 func TestMain(m *testing.M) {
 	if raw := os.Getenv("FLOE_MAIN_ARGS"); raw != "" {
+		lowerNofile(os.Getenv("FLOE_TEST_NOFILE")) // as ulimit -n would
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {
 			panic(err)

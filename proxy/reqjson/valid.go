@@ -24,8 +24,8 @@ func validValue(b []byte, i, depth int, ix *index) (int, bool) {
 	switch c := b[i]; {
 	case c == '"':
 		end, ok := validString(b, i)
-		if ok && ix != nil && end-i >= indexMinString {
-			ix.ends[ix.open(i)] = int32(end)
+		if ok && ix != nil {
+			ix.note(i, end)
 		}
 		return end, ok
 	case c == '{':
@@ -36,7 +36,7 @@ func validValue(b []byte, i, depth int, ix *index) (int, bool) {
 			slot := ix.open(i)
 			end, ok := validObject(b, i, depth, ix)
 			if ok {
-				ix.ends[slot] = int32(end)
+				ix.close(slot, i, end)
 			}
 			return end, ok
 		}
@@ -49,7 +49,7 @@ func validValue(b []byte, i, depth int, ix *index) (int, bool) {
 			slot := ix.open(i)
 			end, ok := validArray(b, i, depth, ix)
 			if ok {
-				ix.ends[slot] = int32(end)
+				ix.close(slot, i, end)
 			}
 			return end, ok
 		}
