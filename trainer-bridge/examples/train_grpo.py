@@ -58,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tis-cap", type=float, default=None, help="truncated importance sampling cap (default: off)"
     )
+    p.add_argument("--dual-clip", type=float, default=3.0,
+                   help="dual-clip constant c for negative advantages (0: off)")
+    p.add_argument("--normalizer", type=float, default=None,
+                   help="divide the step's summed token losses by this constant (Dr. GRPO's: sessions "
+                        "per step x max tokens per call) instead of by the step's loss tokens (the "
+                        "default: step-global token mean)")
     p.add_argument("--block-size", type=int, default=128, help="FlexAttention block size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a step")
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     world_size = 1  # one process; under DDP pass the world size and read this rank's share
     settings = LossSettings(
-        clip_low=args.clip_low, clip_high=args.clip_high, tis_cap=args.tis_cap, world_size=world_size
+        clip_low=args.clip_low, clip_high=args.clip_high, tis_cap=args.tis_cap, world_size=world_size,
+        dual_clip=args.dual_clip or None, normalizer=args.normalizer,
     )
 
     with FloeClient(args.location, args.token, rank=0, world_size=world_size, timeout=args.timeout) as floe:

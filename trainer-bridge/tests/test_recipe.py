@@ -49,7 +49,8 @@ def by_hand(model: Any, opt: Any, mbs: list[MicroBatch], denom: int, s: LossSett
         logp = score_logprobs(model, tb, attn="sdpa")
         rows = tb.loss_rows()
         loss, m = grpo_loss(logp, tb.old_logprobs[rows], tb.advantages[rows], denom, clip_low=s.clip_low,
-                            clip_high=s.clip_high, tis_cap=s.tis_cap, world_size=s.world_size)
+                            clip_high=s.clip_high, tis_cap=s.tis_cap, world_size=s.world_size,
+                            dual_clip=s.dual_clip, normalizer=s.normalizer)
         loss.backward()
         total += float(loss.detach())
         tokens += int(m["loss_tokens"])
@@ -58,7 +59,8 @@ def by_hand(model: Any, opt: Any, mbs: list[MicroBatch], denom: int, s: LossSett
     return total, tokens
 
 
-@pytest.mark.parametrize("settings", [LossSettings(), LossSettings(clip_low=0.1, clip_high=0.5, tis_cap=2.0)])
+@pytest.mark.parametrize("settings", [LossSettings(), LossSettings(clip_low=0.1, clip_high=0.5, tis_cap=2.0),
+                                      LossSettings(dual_clip=None, normalizer=64.0)])
 def test_train_step_is_the_loop(settings: LossSettings) -> None:
     mbs = micro_batches()
     a = tiny_model()

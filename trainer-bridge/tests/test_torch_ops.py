@@ -454,3 +454,99 @@ def test_gather_logprobs_at_each_rows_temperature() -> None:
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     plain = gather_logprobs(logits, ids, pred, mask).numpy()
     assert abs(got[0] - plain[0]) > 1e-2  # the temperature changes the scores
+
+
+def _dual_clip_objective(r: float, a: float, lo: float, hi: float, c: float | None) -> float:
+    """Dual-clip PPO's per-token objective as Ye et al. (2020) and DAPO write it:
+    min(r·A, clip(r, 1-lo, 1+hi)·A), and for A < 0 the max of that and c·A."""
+    surr = min(r * a, min(max(r, 1.0 - lo), 1.0 + hi) * a)
+    return max(surr, c * a) if (c is not None and a < 0) else surr
+
+
+@pytest.mark.parametrize("c", [3.0, 5.0, None])
+def test_dual_clip_bounds_negative_advantage_tokens(c: float | None) -> None:
+    """Issue 21 item 11: a valid token with rollout log-prob -15, current -0.1 and A = -1 had
+    a gradient weight r·|A| = e^14.9 ≈ 3e6. Reference: the loss is -Σ objective / denom with
+    the formula above, and the gradient its central difference in log-prob (float64)."""
+    old = [-15.0, -1.0, -1.0, -2.0, -0.5, -3.0]
+    logp_v = [-0.1, -1.0 + math.log(2.0), -1.0 + math.log(4.0), -2.0 + math.log(6.0), -0.5,
+              -3.0 + math.log(0.5)]
+    adv = [-1.0, -1.0, -0.5, 2.0, -1.0, -1.0]
+    denom = 10
+    logp = torch.tensor(logp_v, dtype=torch.float64, requires_grad=True)
+    kw: dict[str, float | None] = {} if c == 3.0 else {"dual_clip": c}  # 3 is the default
+    loss, m = grpo_loss(logp, torch.tensor(old, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64),
+                        denom, **kw)
+    loss.backward()
+    assert logp.grad is not None
+
+    def ref(lps: list[float]) -> float:
+        return -sum(_dual_clip_objective(math.exp(lp - o), a, 0.2, 0.28, c)
+                    for lp, o, a in zip(lps, old, adv, strict=True)) / denom
+
+    assert float(loss.detach()) == pytest.approx(ref(logp_v), rel=1e-12)
+    # each token's gradient is the central difference of its own term (a sum would lose the
+    # small terms' digits next to the e^14.9 one)
+    h = 1e-6
+
+    def term(lp: float, o: float, a: float) -> float:
+        return -_dual_clip_objective(math.exp(lp - o), a, 0.2, 0.28, c) / denom
+
+    want_grad = [(term(lp + h, o, a) - term(lp - h, o, a)) / (2 * h)
+                 for lp, o, a in zip(logp_v, old, adv, strict=True)]
+    if c is None:
+        # no dual clip: the first token weighs e^14.9 ≈ 2.95e6 per unit of |A|
+        assert logp.grad[0] * denom == pytest.approx(math.exp(14.9), rel=1e-9)
+        np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-5)
+        assert "dual_clip_fraction" not in m
+        return
+    np.testing.assert_allclose(logp.grad.numpy(), want_grad, rtol=1e-5, atol=1e-9)
+    # the -15 token: bounded at -c·A, no gradient; ratio 2 < c: r·A, weight 2
+    assert float(logp.grad[0]) == 0.0
+    assert float(logp.grad[1]) * denom == pytest.approx(2.0, rel=1e-9)
+    cut = sum(1 for lp, o, a in zip(logp_v, old, adv, strict=True) if a < 0 and math.exp(lp - o) > c)
+    assert float(m["dual_clip_fraction"]) == pytest.approx(cut / len(old))
+
+
+def test_dual_clip_must_exceed_the_upper_clip() -> None:
+    x = torch.zeros(2)
+    with pytest.raises(ValueError, match="dual_clip"):
+        grpo_loss(x, x, -torch.ones(2), 2, dual_clip=1.2)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_tis_masks_tokens_at_the_log_ratio_clamp(sign: float) -> None:
+    """Issue 21 item 11: under TIS, a token whose behaviour log-ratio log(π/μ) reached the ±20
+    clamp got the full weight C. It gets none: weight 0, no loss, no gradient; the others keep
+    min(π/μ, C) (the truncated-IS formula)."""
+    old = [-40.0, -1.0, -2.0, -0.5]
+    logp_v = [-0.1, -1.0 + math.log(3.0), -2.0 + math.log(0.5), -25.0]  # log-ratios 39.9, ., ., -24.5
+    cap = 2.0
+    logp = torch.tensor(logp_v, dtype=torch.float64, requires_grad=True)
+    adv = torch.full((4,), sign, dtype=torch.float64)
+    loss, m = grpo_loss(logp, torch.tensor(old, dtype=torch.float64), adv, 4, tis_cap=cap)
+    loss.backward()
+    assert logp.grad is not None
+    rho = [math.exp(lp - o) for lp, o in zip(logp_v, old, strict=True)]
+    w = [0.0 if abs(math.log(r)) >= LOG_RATIO_MAX else min(r, cap) for r in rho]
+    assert w[0] == 0.0 and w[3] == 0.0 and w[1] == 2.0
+    # r = π/π_prox = 1 in value: loss = -Σ w·A / denom, gradient -w·A / denom
+    assert float(loss.detach()) == pytest.approx(-sum(wi * sign for wi in w) / 4, rel=1e-12)
+    np.testing.assert_allclose(logp.grad.numpy(), [-wi * sign / 4 for wi in w], rtol=1e-12, atol=0)
+    assert int(m["tis_masked"]) == 2
+
+
+def test_constant_normalizer_is_dr_grpo_s() -> None:
+    """Issue 21 item 13: Dr. GRPO divides the summed per-token loss by a constant (TRL: batch
+    size × max_completion_length), not by the step's token count. With ``normalizer=K`` the
+    loss is -Σ min(r·A, clip(r)·A) / K whatever the step's loss tokens."""
+    old = [-1.0, -2.0, -0.5]
+    ratios = [1.1, 0.7, 1.4]
+    adv = [1.0, -1.0, 0.5]
+    logp = torch.tensor([o + math.log(r) for o, r in zip(old, ratios, strict=True)], dtype=torch.float64)
+    want = -sum(_dual_clip_objective(r, a, 0.2, 0.28, None) for r, a in zip(ratios, adv, strict=True))
+    for tokens in (3, 17, 1000):
+        loss, _ = grpo_loss(logp, torch.tensor(old), torch.tensor(adv), tokens, normalizer=4096.0)
+        assert float(loss) == pytest.approx(want / 4096.0, rel=1e-12)
+    token_mean, _ = grpo_loss(logp, torch.tensor(old), torch.tensor(adv), 17)
+    assert float(token_mean) == pytest.approx(want / 17, rel=1e-12)

@@ -26,7 +26,7 @@ import torch
 
 from .batch import MicroBatch
 from .hf import AttnKind, score_logprobs
-from .torch_ops import grpo_loss, to_tensors
+from .torch_ops import DUAL_CLIP, grpo_loss, to_tensors
 
 __all__ = ["LossSettings", "StepFigures", "train_step"]
 
@@ -34,13 +34,18 @@ __all__ = ["LossSettings", "StepFigures", "train_step"]
 @dataclass(frozen=True)
 class LossSettings:
     """The GRPO loss's knobs (``floe_bridge.torch_ops.grpo_loss``): asymmetric clip bounds,
-    the truncated importance sampling cap (None: off) and the data-parallel world size
-    (when gradients are averaged across ranks)."""
+    the truncated importance sampling cap (None: off), the data-parallel world size (when
+    gradients are averaged across ranks), the dual-clip constant for negative advantages
+    (None: off) and the aggregation: ``normalizer=None`` divides the step's summed per-token
+    loss by its loss tokens (the step-global token mean), a number divides it by that
+    constant instead (Dr. GRPO's: e.g. sessions per step × max tokens per call)."""
 
     clip_low: float = 0.2
     clip_high: float = 0.28
     tis_cap: float | None = None
     world_size: int = 1
+    dual_clip: float | None = DUAL_CLIP
+    normalizer: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ def train_step(
             clip_high=loss.clip_high,
             tis_cap=loss.tis_cap,
             world_size=loss.world_size,
+            dual_clip=loss.dual_clip,
+            normalizer=loss.normalizer,
         )
         mb_loss.backward()  # type: ignore[no-untyped-call]  # accumulate: the losses sum to the step's token-mean
         total_loss += mb_loss.detach()

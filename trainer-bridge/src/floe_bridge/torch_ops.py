@@ -37,6 +37,7 @@ __all__ = [
     "gather_logprobs",
     "grpo_loss",
     "LOG_RATIO_MAX",
+    "DUAL_CLIP",
 ]
 
 
@@ -401,8 +402,16 @@ def gather_logprobs(
 
 #: The log-ratio ``logp - old_logprobs`` is clamped to ``[-LOG_RATIO_MAX, LOG_RATIO_MAX]``
 #: before ``exp``: a poisoned rollout log-prob (vLLM's -9999 sentinel) would otherwise give
-#: an infinite ratio and a NaN gradient. e^20 ≈ 4.9e8; a clamped token gets no gradient.
+#: an infinite ratio and a NaN gradient. e^20 ≈ 4.9e8; a clamped token gets no gradient, and
+#: under ``tis_cap`` a token whose behaviour log-ratio hit the clamp gets no weight at all.
 LOG_RATIO_MAX = 20.0
+
+#: Default dual-clip constant c (Ye et al. 2020, "Mastering Complex Control in MOBA Games with
+#: Deep RL"; DAPO's and verl's ``clip_ratio_c``): with A < 0 a token's surrogate is bounded
+#: below by c·A, so a token the policy now finds far likelier than the rollout did (ratio
+#: e^14.9 for a rollout log-prob of -15 and a current one of -0.1) weighs at most c·|A|
+#: instead of ratio·|A| ≈ 3e6.
+DUAL_CLIP = 3.0
 
 
 def _ratio(log_ratio: Tensor) -> Tensor:
@@ -420,6 +429,8 @@ def grpo_loss(
     tis_cap: float | None = None,
     prox_logprobs: Tensor | None = None,
     world_size: int = 1,
+    dual_clip: float | None = DUAL_CLIP,
+    normalizer: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped surrogate for one micro-batch's loss tokens (all 1-D, same length).
 
@@ -438,7 +449,16 @@ def grpo_loss(
       weights that score the batch are the proximal weights; then ``r = 1`` in value and the
       gradient is ``-min(π/π_rollout, C) · A · ∇logp``. Pass ``prox_logprobs`` (scored
       under the pre-update weights, no grad) when a step takes several optimizer updates.
-      The ratio is never applied twice.
+      The ratio is never applied twice. A token whose behaviour log-ratio ``prox -
+      old_logprobs`` reaches ``±LOG_RATIO_MAX`` gets weight 0 (masked): its rollout log-prob
+      is off the scale the weight can correct, and the cap would otherwise hand it the full
+      weight ``C``.
+
+    Dual clip (``dual_clip=c``, default :data:`DUAL_CLIP` = 3; None: off): for ``A < 0`` the
+    surrogate is ``max(min(r·A, clip(r)·A), c·A)`` (Ye et al. 2020; DAPO/verl
+    ``clip_ratio_c``), so a negative-advantage token whose ratio ``r`` exceeds ``c`` gets no
+    gradient and a bounded loss ``-c·A``, instead of a gradient weight ``r·|A|`` that grows
+    without bound. ``A >= 0`` is untouched. ``c`` must exceed ``1 + clip_high``.
 
     Every log-ratio is clamped to ``±LOG_RATIO_MAX`` before ``exp``.
 
@@ -452,11 +472,18 @@ def grpo_loss(
     multiplied by it so the averaged gradient equals the gradient of the global token-mean.
     Leave ``world_size=1`` when gradients are summed across ranks, or on one rank.
 
+    ``normalizer`` (default None: ``loss_tokens_global``) replaces that denominator with a
+    constant, Dr. GRPO's (Liu et al. 2025): e.g. the step's sessions × the maximum tokens a
+    call may sample, TRL's ``loss_type="dr_grpo"`` (batch size × ``max_completion_length``).
+    Then a token's gradient does not depend on how many loss tokens the step happens to hold.
+
     Metrics (detached 0-d tensors, no host synchronisation): ``clip_fraction`` (share of
     tokens where the clipped term is the active one, i.e. whose gradient is cut),
     ``mismatch`` (mean ``|logp - old_logprobs|``), ``ratio_mean`` (mean of ``exp(logp -
-    old_logprobs)``, clamped), ``loss_tokens`` (count), and ``tis_weight_mean`` when
-    ``tis_cap`` is set. Means over an empty micro-batch are 0.
+    old_logprobs)``, clamped), ``loss_tokens`` (count), ``dual_clip_fraction`` (share of
+    tokens the dual clip bounds) when ``dual_clip`` is set, and ``tis_weight_mean`` and
+    ``tis_masked`` (tokens masked at the clamp, count) when ``tis_cap`` is set. Means over
+    an empty micro-batch are 0.
     """
     if loss_tokens_global <= 0:
         raise ValueError(f"grpo_loss: loss_tokens_global must be positive, got {loss_tokens_global}")
@@ -467,6 +494,12 @@ def grpo_loss(
         )
     if tis_cap is not None and not tis_cap > 0:
         raise ValueError(f"grpo_loss: tis_cap must be positive, got {tis_cap}")
+    if dual_clip is not None and not dual_clip > 1.0 + clip_high:
+        raise ValueError(
+            f"grpo_loss: dual_clip must exceed 1 + clip_high = {1.0 + clip_high}, got {dual_clip}"
+        )
+    if normalizer is not None and not normalizer > 0:
+        raise ValueError(f"grpo_loss: normalizer must be positive, got {normalizer}")
     if prox_logprobs is not None and tis_cap is None:
         raise ValueError("grpo_loss: prox_logprobs is the decoupled estimator's; set tis_cap")
     dt = torch.promote_types(logp.dtype, torch.float32)  # bf16 logp -> float32; float64 stays
@@ -475,6 +508,7 @@ def grpo_loss(
     adv = advantages.to(logp.device, dt)
     rollout_log_ratio = logp.detach() - old
     tis_w: Tensor | None = None
+    masked: Tensor | None = None
     if tis_cap is None:
         ratio = _ratio(logp - old)
     else:
@@ -482,14 +516,27 @@ def grpo_loss(
         if prox.shape != logp.shape:
             raise ValueError(f"grpo_loss: prox_logprobs has shape {tuple(prox.shape)}, want {tuple(logp.shape)}")
         ratio = _ratio(logp - prox)
-        tis_w = torch.clamp(_ratio(prox - old), max=tis_cap)
+        behaviour = prox - old
+        # a behaviour log-ratio at the clamp is no measurement: mask the token (weight 0)
+        in_range = behaviour.abs() < LOG_RATIO_MAX
+        masked = ~in_range
+        tis_w = torch.where(
+            in_range, torch.clamp(_ratio(behaviour), max=tis_cap), torch.zeros_like(behaviour)
+        )
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     unclipped_loss = -ratio * adv
     clipped_loss = -clipped * adv
     per_token = torch.maximum(unclipped_loss, clipped_loss)  # = -min(ratio·A, clipped·A)
+    dual_cut: Tensor | None = None
+    if dual_clip is not None:
+        # -max(min(r·A, clip(r)·A), c·A) = min(per_token, -c·A), for A < 0 only
+        bound = -dual_clip * adv
+        dual_cut = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual_cut, bound, per_token)
     if tis_w is not None:
         per_token = per_token * tis_w
-    loss = per_token.sum() * (float(world_size) / float(loss_tokens_global))
+    denominator = float(loss_tokens_global) if normalizer is None else float(normalizer)
+    loss = per_token.sum() * (float(world_size) / denominator)
 
     n = logp.shape[0]
     with torch.no_grad():
@@ -500,6 +547,9 @@ def grpo_loss(
             "ratio_mean": _ratio(rollout_log_ratio).sum() / denom,
             "loss_tokens": torch.tensor(n, device=logp.device),
         }
-        if tis_w is not None:
+        if dual_cut is not None:
+            metrics["dual_clip_fraction"] = dual_cut.float().sum() / denom
+        if tis_w is not None and masked is not None:
             metrics["tis_weight_mean"] = tis_w.sum() / denom
+            metrics["tis_masked"] = masked.float().sum()
     return loss, metrics

@@ -32,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ __all__ = [
     "tree_terms",
     "cpu_tree_attention",
     "TREE_ATTENTION",
+    "check_temperature",
 ]
 
 #: TRL's attention name (``trl.experimental.async_grpo.packing.TREE_ATTENTION``).
@@ -329,6 +331,23 @@ def use_cpu_tree_attention() -> None:
 # --- the rollout worker ------------------------------------------------------------------
 
 
+def check_temperature(mb: MicroBatch, temperature: float, step: int) -> None:
+    """Refuse a micro-batch with a loss row sampled at another temperature than
+    ``temperature`` (TRL's ``args.temperature``): TRL divides every row's logits by that one
+    value, so such a row's ratio would compare two different distributions."""
+    loss = mb.loss_mask.astype(bool)
+    temps = mb.temperature[loss].astype(np.float64)
+    # the column is float32: compare at its precision
+    off = ~np.isclose(temps, temperature, rtol=1e-6, atol=0.0)
+    if bool(off.any()):
+        got = ", ".join(f"{x:.6g}" for x in sorted(set(temps[off].tolist())))  # float32's digits
+        raise FloeError(
+            f"floe step {step}: {int(off.sum())} loss tokens were sampled at temperature {got}, but TRL "
+            f"scores every sample at its args.temperature = {temperature:g}; set TRL's temperature to the "
+            "harnesses' (one value for all), or run floe with -sampling force (every call at T = 1)"
+        )
+
+
 def _rollout_sample_cls() -> Any:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
@@ -345,6 +364,49 @@ class _GroupIds:
         return self.ids.setdefault(group, len(self.ids))
 
 
+class _StepBuffer(queue.Queue[Any]):
+    """``rollout_buffer``: a FIFO that knows which floe step each sample came from and calls
+    ``on_taken(step)`` once TRL has taken a step's last sample (``get``, on TRL's thread).
+
+    Only the worker's thread puts, one step at a time after :meth:`expect`."""
+
+    def __init__(self, maxsize: int, on_taken: Callable[[int], None]) -> None:
+        super().__init__(maxsize=maxsize)
+        self._on_taken = on_taken
+        self._steps: deque[int] = deque()
+        self._left: dict[int, int] = {}
+        self._putting = -1
+
+    def expect(self, step: int, samples: int) -> None:
+        with self.mutex:
+            self._putting = step
+            self._left[step] = samples
+        if samples == 0:
+            self._taken(step)
+
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self._steps.append(self._putting)
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._left[self._steps.popleft()] -= 1
+        return item
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        with self.mutex:
+            done = [s for s, n in self._left.items() if n == 0]
+            for s in done:
+                del self._left[s]
+        for s in sorted(done):
+            self._taken(s)
+        return item
+
+    def _taken(self, step: int) -> None:
+        self._on_taken(step)
+
+
 class FloeRolloutWorker:
     """TRL's ``RolloutWorkerProtocol`` over floe (docs/trl.md).
 
@@ -352,13 +414,18 @@ class FloeRolloutWorker:
     puts a ``RolloutSample`` per recovered sequence (:func:`call_paths`) on
     ``rollout_buffer``: the path's token ids, ``completion_mask`` on the tokens it trains,
     their rollout log-probs, floe's advantage, the session's policy version (shifted by
-    ``version_offset``) and group. A step is committed once all its samples are on the
-    buffer. Per step it puts on ``metrics_queue``: ``floe/data_wait_s`` (time blocked on
-    Flight), ``floe/tokens_saved`` (per-sequence tokens minus floe's real rows),
-    ``floe/samples``, ``floe/loss_tokens``, and from floe's status ``floe/staleness_drops``
-    (groups floe dropped as stale or too long). ``update_model_version`` records the
-    trainer's version (``model_version``); pair it with :class:`FloeWeightTransfer`, which
-    makes floe stamp new calls with that version.
+    ``version_offset``) and group. A step is committed when TRL takes its last sample off
+    the buffer (docs/trl.md: what a crash can lose, and why that bound). Per step it puts on
+    ``metrics_queue``: ``floe/data_wait_s`` (time blocked on Flight), ``floe/tokens_saved``
+    (per-sequence tokens minus floe's real rows), ``floe/samples``, ``floe/loss_tokens``, and
+    from floe's status ``floe/groups_dropped`` (groups floe set aside since the previous
+    step, of every kind) and ``floe/groups_dropped/<kind>`` per kind.
+    ``update_model_version`` records the trainer's version (``model_version``); pair it with
+    :class:`FloeWeightTransfer`, which makes floe stamp new calls with that version.
+
+    ``temperature`` must be TRL's ``args.temperature``: TRL scores every sample at that one
+    temperature, so a step with a loss row sampled at another (the micro-batch's
+    ``temperature`` column) is refused with an error naming both.
     """
 
     def __init__(
@@ -371,9 +438,13 @@ class FloeRolloutWorker:
         max_steps: int | None = None,
         version_offset: int = 0,
         client: FloeClient | None = None,
+        temperature: float = 1.0,
     ) -> None:
         self.flight_uri = flight_uri
-        self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=queue_maxsize)
+        self.temperature = float(temperature)
+        self.rollout_buffer: _StepBuffer = _StepBuffer(queue_maxsize, self._commit)
+        self._seen_drops: set[str] = set()
+        self._next_step: int | None = None
         self.metrics_queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self.model_version = 0
         self.version_offset = version_offset
@@ -418,6 +489,8 @@ class FloeRolloutWorker:
         t0 = time.monotonic()
         info = self._client.step_info(step_no, timeout=self._timeout)
         mbs = [mb for r in range(info.num_ranks) for mb in self._client.read_step(info.step, rank=r).micro_batches]
+        for mb in mbs:
+            check_temperature(mb, self.temperature, info.step)
         table = self._client.read_samples(info).to_pydict()
         wait = time.monotonic() - t0
         by_idx = {int(i): k for k, i in enumerate(table["sample_idx"])}
@@ -459,11 +532,15 @@ class FloeRolloutWorker:
             while not self._stop.is_set() and (self.max_steps is None or n < self.max_steps):
                 self._heartbeat = time.time()
                 try:
-                    step, samples, metrics = self.samples_of_step()
+                    step, samples, metrics = self.samples_of_step(self._next_step)
                 except NotReady:
                     continue
                 except StepNotFound:
                     return
+                # the step stays uncommitted (floe re-serves it after a crash) until TRL takes
+                # its last sample; floe's -steps-ahead bounds how many are read ahead meanwhile
+                self._next_step = step + 1
+                self.rollout_buffer.expect(step, len(samples))
                 for s in samples:
                     s.enqueued_at = time.time()
                     while not self._stop.is_set():
@@ -474,13 +551,9 @@ class FloeRolloutWorker:
                             self._heartbeat = time.time()
                 if self._stop.is_set():
                     return
-                self._client.commit(step)
-                self.steps_committed.append(step)
-                log.info("floe step %d: %d samples handed to TRL, committed", step, len(samples))
+                log.info("floe step %d: %d samples handed to TRL", step, len(samples))
                 try:
-                    st = self._client.status()
-                    drops = st.get("dropped_groups") or []
-                    metrics["floe/staleness_drops"] = float(len(drops))
+                    metrics.update(self._drop_metrics(self._client.status()))
                 except FloeError:
                     pass
                 self.metrics_queue.put(metrics)
@@ -489,6 +562,28 @@ class FloeRolloutWorker:
         except BaseException as e:  # noqa: BLE001 - surfaced by check_health
             log.exception("floe rollout worker failed")
             self._error = e
+
+    def _commit(self, step: int) -> None:
+        """TRL took step ``step``'s last sample: release it (on TRL's thread)."""
+        self._client.commit(step)
+        self.steps_committed.append(step)
+        log.info("floe step %d: TRL took its last sample, committed", step)
+
+    def _drop_metrics(self, status: dict[str, Any]) -> dict[str, float]:
+        """Groups floe set aside since the previous step: its status lists the last 16
+        (``dropped_groups``, each with its ``kind``), so each group is counted once by id.
+        floe reports no staleness here: its stale calls are ``floe_calls_stale_total`` on
+        its metrics endpoint, TRL's stale samples ``sample/dropped_stale_total``."""
+        out: dict[str, float] = {"floe/groups_dropped": 0.0}
+        for d in status.get("dropped_groups") or []:
+            gid = str(d.get("group"))
+            if gid in self._seen_drops:
+                continue
+            self._seen_drops.add(gid)
+            out["floe/groups_dropped"] += 1.0
+            key = f"floe/groups_dropped/{d.get('kind') or 'unknown'}"
+            out[key] = out.get(key, 0.0) + 1.0
+        return out
 
 
 # --- weight sync ------------------------------------------------------------------------
@@ -654,6 +749,9 @@ class _FloeBatches:
                     f"this trainer runs {world} processes x gradient_accumulation_steps={ga}: start floe with "
                     f"-dp-size {world} and a token budget that forms {ga} micro-batch(es) per rank"
                 )
+            for s in steps:
+                for mb in s.micro_batches:
+                    check_temperature(mb, float(t.args.temperature), info.step)
             t.floe_wait_s += time.monotonic() - t0
             # TRL divides each micro-batch's term sum by global_n_tokens / world_size and by the
             # accumulation steps; L / ga makes the step's loss floe's token-mean over the step.
