@@ -481,3 +481,21 @@ def test_floe_packed_rows_train_async_grpo_trainer(
     # floe's layout, not TRL's: each batch forwards exactly floe's real rows
     with FloeClient(floe.flight, rank=0, world_size=None) as c:
         assert c.status()["committed"] == 2
+
+
+def test_weight_transfer_restarted_against_a_running_floe(floe_serve: Callable[..., Floe]) -> None:
+    """Issue 21 item 7: a trainer restarted against a floe that a previous trainer took to
+    policy version 3 resumes it forward (4), where counting from 0 failed with "policy
+    version 1 is older than the current 3" and left floe paused."""
+    floe = floe_serve()
+    with FloeClient(floe.flight, rank=0, world_size=None) as c:
+        for v in (1, 2, 3):  # the previous trainer's syncs
+            c.pause()
+            c.resume(v)
+    wt = FloeWeightTransfer(NoWeightTransfer(), floe.flight)
+    assert wt.start_version == wt.policy_version == 3
+    wt.pause()
+    wt.resume()
+    with FloeClient(floe.flight, rank=0, world_size=None) as c:
+        st = c.status()
+    assert st["policy_version"] == 4 and not st["paused"]

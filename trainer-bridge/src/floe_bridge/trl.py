@@ -615,7 +615,11 @@ class FloeWeightTransfer:
     action ``pause``: new harness calls wait, in-flight ones finish before it returns), then
     the inner backend; ``resume`` resumes the inner backend, then floe under the next policy
     version, so every call is served and stamped by one set of weights. The version counts
-    up from ``start_version`` once per sync, as ``AsyncGRPOTrainer.model_version`` does.
+    up from ``start_version`` once per sync, as ``AsyncGRPOTrainer.model_version`` does;
+    by default it starts from floe's current policy version (its status), so that a trainer
+    restarted against a running floe resumes it forward instead of failing ("policy version
+    1 is older than the current 3") and leaving it paused. A trainer whose own version
+    starts at 0 pairs it with ``FloeRolloutWorker(version_offset=-wt.start_version)``.
     Uses the Flight token ``token``, else ``FloeClient``'s default."""
 
     def __init__(
@@ -624,14 +628,17 @@ class FloeWeightTransfer:
         flight_uri: str,
         token: str | None = None,
         *,
-        start_version: int = 0,
+        start_version: int | None = None,
         timeout: float = 300.0,
         client: FloeClient | None = None,
         on_version: Callable[[int], None] | None = None,
     ) -> None:
         self.inner = inner
-        self.policy_version = start_version
         self._client = client or FloeClient(flight_uri, token, rank=0, world_size=None, timeout=timeout)
+        if start_version is None:
+            start_version = int(self._client.status()["policy_version"])
+        self.start_version = start_version
+        self.policy_version = start_version
         self._on_version = on_version
         self.paused = False
 
