@@ -57,15 +57,24 @@ func (c *TrainerControl) Pause(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	c.logger().Info("rollouts paused", "policy_version", v)
+	c.logger().Info("rollouts paused", "policy_version", v, "via", "flight")
 	return v, nil
 }
 
 func (c *TrainerControl) Resume(_ context.Context, v int64) error {
-	if err := c.gate().Resume(v); err != nil {
+	return resumeLogged(c.gate(), v, c.logger(), "flight")
+}
+
+// resumeLogged resumes gate under policy version v and logs it, saying whether the
+// version moved: a resume at the same version (weights not pushed, or a manual resume)
+// is worth seeing in the log too. via names the path (flight, control).
+func resumeLogged(gate *proxy.Gate, v int64, log *slog.Logger, via string) error {
+	_, previous, _ := gate.State()
+	if err := gate.Resume(v); err != nil {
+		log.Warn("resume refused", "policy_version", v, "current", previous, "via", via, "err", err)
 		return err
 	}
-	c.logger().Info("rollouts resumed", "policy_version", v)
+	log.Info("rollouts resumed", "policy_version", v, "previous", previous, "same_version", v == previous, "via", via)
 	return nil
 }
 

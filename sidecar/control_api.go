@@ -262,10 +262,7 @@ func (c *ControlAPI) reportGroup(out map[string]any, g trace.GroupState) {
 		warning = fmt.Sprintf("group %s has group_size %d, fewer than -min-group-size %d: it will be dropped without training",
 			g.ID, g.Size, c.MinGroupSize)
 	}
-	log := c.Log
-	if log == nil {
-		log = slog.Default()
-	}
+	log := c.log()
 	if warning != "" {
 		out["warning"] = warning
 		log.Warn("group cannot train", "group", g.ID, "reason", warning)
@@ -303,6 +300,7 @@ func (c *ControlAPI) pause(w http.ResponseWriter, r *http.Request) {
 		c.error(w, http.StatusServiceUnavailable, "pause: %v", err)
 		return
 	}
+	c.log().Info("rollouts paused", "policy_version", v, "via", "control")
 	c.reply(w, map[string]any{"paused": true, "policy_version": v})
 }
 
@@ -314,7 +312,7 @@ func (c *ControlAPI) resume(w http.ResponseWriter, r *http.Request) {
 		c.error(w, http.StatusBadRequest, `body must be {"policy_version": n}`)
 		return
 	}
-	if err := c.Gate.Resume(*req.PolicyVersion); err != nil {
+	if err := resumeLogged(c.Gate, *req.PolicyVersion, c.log(), "control"); err != nil {
 		c.error(w, http.StatusConflict, "resume: %v", err)
 		return
 	}
@@ -398,4 +396,11 @@ func (c *ControlAPI) answerArchived(w http.ResponseWriter, id string) bool {
 	w.WriteHeader(http.StatusGone)
 	_ = json.NewEncoder(w).Encode(out)
 	return true
+}
+
+func (c *ControlAPI) log() *slog.Logger {
+	if c.Log == nil {
+		return slog.Default()
+	}
+	return c.Log
 }

@@ -311,3 +311,41 @@ func TestFinishSaysWhatBecomesOfTheGroup(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseAndResumeAreLogged: every pause and resume through the control API reaches
+// the log, a resume at the same version (a manual one, or weights not pushed) included,
+// and a refused resume says why.
+func TestPauseAndResumeAreLogged(t *testing.T) {
+	var logs strings.Builder
+	api := &ControlAPI{Store: &mem.Store{}, Gate: &proxy.Gate{}, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	srv := httptest.NewServer(api.Handler())
+	defer srv.Close()
+	for _, c := range []struct {
+		path, body string
+		status     int
+	}{
+		{"/floe/v1/pause", "", 200},
+		{"/floe/v1/resume", `{"policy_version": 0}`, 200},
+		{"/floe/v1/resume", `{"policy_version": 2}`, 200},
+		{"/floe/v1/resume", `{"policy_version": 1}`, 409},
+	} {
+		resp, err := http.Post(srv.URL+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Fatalf("POST %s %s: %d, want %d", c.path, c.body, resp.StatusCode, c.status)
+		}
+	}
+	for _, want := range []string{
+		`msg="rollouts paused" policy_version=0 via=control`,
+		`msg="rollouts resumed" policy_version=0 previous=0 same_version=true via=control`,
+		`msg="rollouts resumed" policy_version=2 previous=0 same_version=false via=control`,
+		`level=WARN msg="resume refused" policy_version=1 current=2 via=control`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no %s in the log:\n%s", want, logs.String())
+		}
+	}
+}

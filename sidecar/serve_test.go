@@ -284,7 +284,7 @@ func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
 	flightStatus := r.action("status", "{}")
 	delete(httpStatus, "sessions")
 	delete(httpStatus, "groups") // the control API's alone, for harness runners
-	delete(httpStatus, "store") // file sizes move with every write
+	delete(httpStatus, "store")  // file sizes move with every write
 	delete(flightStatus, "sessions")
 	delete(flightStatus, "store")
 	if !reflect.DeepEqual(httpStatus, flightStatus) {
