@@ -87,8 +87,8 @@ type Config struct {
 	PassCost float64
 }
 
-// DefaultConfig returns the defaults of DESIGN.md: tree strategy, GRPO advantages,
-// B = 65536, rows padded to 128, one rank.
+// DefaultConfig returns floe's defaults (docs/design.md, "Defaults"): tree strategy,
+// GRPO advantages, B = 65536, rows padded to 128, one rank.
 func DefaultConfig() Config {
 	return Config{
 		Strategy:    Tree,

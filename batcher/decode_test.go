@@ -107,7 +107,7 @@ func perRequestTerms(groups []trace.Group, adv batcher.Advantage) termSet {
 }
 
 // decodeStep encodes every micro-batch of st, checks each against the layout rules of
-// DESIGN.md using its columns alone, and returns the loss terms they hold.
+// docs/batcher.md ("Arrow") using its columns alone, and returns the loss terms they hold.
 func decodeStep(t *testing.T, st *batcher.Step, cfg batcher.Config) termSet {
 	t.Helper()
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())

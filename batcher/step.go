@@ -100,18 +100,39 @@ type Reconstructed struct {
 	vmax   int64
 }
 
-// Reconstruct validates g and builds its forest under cfg's strategy and advantage.
+// Reconstruct validates g and builds its forest under cfg's strategy, with the
+// sessions' advantages computed under cfg's advantage (SessionAdvantages).
 func Reconstruct(g *trace.Group, cfg Config) (*Reconstructed, error) {
+	return reconstructGroup(g, cfg, nil)
+}
+
+// ReconstructWith is Reconstruct with the sessions' advantages given, one per session of
+// g in order, instead of computed from their rewards: floe serve decides a group's
+// advantages once, records them with its step, and forms the step again from the record.
+// cfg.Advantage is not used.
+func ReconstructWith(g *trace.Group, cfg Config, advantages []float64) (*Reconstructed, error) {
+	if len(advantages) != len(g.Sessions) {
+		return nil, fmt.Errorf("group %q: %d advantages for %d sessions", g.ID, len(advantages), len(g.Sessions))
+	}
+	return reconstructGroup(g, cfg, advantages)
+}
+
+// reconstructGroup is Reconstruct with advantages given, or computed when nil.
+func reconstructGroup(g *trace.Group, cfg Config, advantages []float64) (*Reconstructed, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if err := g.Validate(); err != nil {
 		return nil, err
 	}
-	r := &Reconstructed{Group: g, Strategy: cfg.Strategy, vmin: math.MaxInt64, vmax: math.MinInt64}
-	if err := r.addSamples(cfg.Advantage); err != nil {
-		return nil, err
+	if advantages == nil {
+		var err error
+		if advantages, err = SessionAdvantages(cfg.Advantage, g.Sessions); err != nil {
+			return nil, fmt.Errorf("group %q: %w", g.ID, err)
+		}
 	}
+	r := &Reconstructed{Group: g, Strategy: cfg.Strategy, vmin: math.MaxInt64, vmax: math.MinInt64}
+	r.addSamples(advantages)
 	r.forest = reconstruct(g, cfg.Strategy)
 	for i := 1; i < len(r.forest.nodes); i++ {
 		if nd := &r.forest.nodes[i]; nd.sample != none {
@@ -146,15 +167,9 @@ func (r *Reconstructed) LongestPath() (rows int64, session string) {
 	return rows, session
 }
 
-// addSamples sets one sample per session of the group with its advantage. It refuses a
-// group whose advantages are not finite float32s (rewards so large that their mean, spread
-// or difference overflows): training on them would be ±Inf or a silent 0.
-func (r *Reconstructed) addSamples(kind Advantage) error {
+// addSamples sets one sample per session of the group with its advantage, adv[i].
+func (r *Reconstructed) addSamples(adv []float64) {
 	g := r.Group
-	adv, err := SessionAdvantages(kind, g.Sessions)
-	if err != nil {
-		return fmt.Errorf("group %q: %w", g.ID, err)
-	}
 	for i := range g.Sessions {
 		s := &g.Sessions[i]
 		version := int64(math.MaxInt64)
@@ -183,7 +198,6 @@ func (r *Reconstructed) addSamples(kind Advantage) error {
 			NumTruncatedCalls: truncated,
 		})
 	}
-	return nil
 }
 
 // FormStep reconstructs, scores and packs the groups into step number n.

@@ -159,7 +159,8 @@ func (s *Server) route(r *http.Request, body []byte) (Dialect, operation) {
 	return d.Chat, opUnknown
 }
 
-// key returns the credential a harness sent, in the order DESIGN.md gives. Only a
+// key returns the credential a harness sent, in the order docs/proxy.md ("Sessions")
+// lists them: x-api-key, Authorization: Bearer, x-goog-api-key, ?key=. Only a
 // session's api_key is a credential: a session id is never one, and no floe-specific
 // header carries one.
 func key(r *http.Request) string {

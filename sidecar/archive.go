@@ -14,7 +14,6 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
-	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -43,16 +42,14 @@ type ArchiveStore interface {
 // written to the archive, durable, and only then removed from the store in one write;
 // the store is compacted when that pays. A crash anywhere leaves the step in the store
 // (it is archived again, its files replaced) or gone from it with its files complete.
+// What a step trained on (each session's advantage, each call's mark) is replayed from
+// the decisions its record holds, never derived from floe's settings.
 type Archiver struct {
-	Store ArchiveStore
-	Dir   string
-	// Advantage and DropFailed are floe serve's, so the archived advantages are the ones
-	// the step trained with.
-	Advantage  batcher.Advantage
-	DropFailed bool
-	Compact    bolt.CompactPolicy
-	Mem        memory.Allocator
-	Log        *slog.Logger
+	Store   ArchiveStore
+	Dir     string
+	Compact bolt.CompactPolicy
+	Mem     memory.Allocator
+	Log     *slog.Logger
 	// Write bounds the memory one step's calls take while they are written (zero: the
 	// production setting).
 	Write archive.WriteOptions
@@ -76,10 +73,10 @@ type Archiver struct {
 	at func(stage string)
 }
 
-// NewArchiver returns an archiver of store into dir with cfg's advantage settings.
-func NewArchiver(store ArchiveStore, dir string, cfg Config, mem memory.Allocator, log *slog.Logger) *Archiver {
-	return &Archiver{Store: store, Dir: dir, Advantage: cfg.Batcher.Advantage, DropFailed: cfg.DropFailed,
-		Mem: mem, Log: log, kick: make(chan struct{}, 1), failing: map[string]*archiveFailure{}, now: time.Now}
+// NewArchiver returns an archiver of store into dir.
+func NewArchiver(store ArchiveStore, dir string, mem memory.Allocator, log *slog.Logger) *Archiver {
+	return &Archiver{Store: store, Dir: dir, Mem: mem, Log: log, kick: make(chan struct{}, 1),
+		failing: map[string]*archiveFailure{}, now: time.Now}
 }
 
 // ArchiveMetrics is what the archiver reports to Prometheus (*Metrics).
@@ -311,6 +308,11 @@ func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 	}
 	calls := 0
 	rows := func(r *archive.Rows) error {
+		if sc.Record.Decisions == nil {
+			return fmt.Errorf("step %d has no recorded decisions (an older floe formed it, and floe serve could not decide it at start): what it trained on is unknown", n)
+		}
+		decided := sessionDecisions(sc.Record.Decisions)
+		sessions := 0
 		for _, gid := range sc.Record.Groups {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -319,13 +321,25 @@ func (a *Archiver) archiveStep(ctx context.Context, n int64) error {
 			if err != nil {
 				return fmt.Errorf("step %d: %w", n, err)
 			}
-			k, err := a.groupRows(r, g, times, a.advantages(g), func(s *trace.Session, c *trace.Call) *trace.Call {
-				return trainedAs(s, c, sc.Record.MinPolicyVersion)
+			k, err := a.groupRows(r, g, times, func(s *trace.Session) (archivedSession, error) {
+				d, ok := decided[s.ID]
+				if !ok {
+					return archivedSession{}, fmt.Errorf("session %q is not in the step's decisions", s.ID)
+				}
+				as := archivedSession{mark: d.Replay, calls: d.Calls}
+				if !d.LeftOut {
+					as.advantage = &d.Advantage
+				}
+				return as, nil
 			})
 			if err != nil {
 				return fmt.Errorf("step %d: %w", n, err)
 			}
 			calls += k
+			sessions += len(g.Sessions)
+		}
+		if sessions != len(decided) {
+			return fmt.Errorf("step %d: its groups hold %d sessions, the step decided on %d", n, sessions, len(decided))
 		}
 		return nil
 	}
@@ -402,12 +416,13 @@ func (a *Archiver) archiveDroppedGroup(id string) error {
 	}
 	rows := func(r *archive.Rows) error {
 		// Trained on by no step: no call is trainable, and no session has an advantage.
-		_, err := a.groupRows(r, d.Group, d.Times, nil, func(_ *trace.Session, c *trace.Call) *trace.Call {
+		dropped := archivedSession{calls: -1, mark: func(_ int, c *trace.Call) error {
 			if c.Trainable {
 				c.MarkUntrainable("group dropped: " + d.Reason)
 			}
-			return c
-		})
+			return nil
+		}}
+		_, err := a.groupRows(r, d.Group, d.Times, func(*trace.Session) (archivedSession, error) { return dropped, nil })
 		return err
 	}
 	if err := archive.WriteDroppedGroup(a.Dir, archive.DroppedDir(id, d.Seq), d.Reason, rows, a.Mem, a.dropOpts()); err != nil {
@@ -427,60 +442,45 @@ func (a *Archiver) dropOpts() archive.WriteOptions {
 	return opt
 }
 
-// groupRows hands group g's calls to r, read from the store one at a time and each as
-// mark says, then each session with its times and its advantage (when adv has one); it
+// archivedSession is how a session of an archived group is written: each call marked
+// trained or not, and the session's advantage (nil: none).
+type archivedSession struct {
+	mark func(i int, c *trace.Call) error
+	// calls is how many calls the session must hold; -1: any.
+	calls     int
+	advantage *float64
+}
+
+// groupRows hands group g's calls to r, read from the store one at a time and each
+// marked as session says, then each session with its times and its advantage; it
 // returns the calls.
-func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]bolt.SessionTimes, adv map[string]float64,
-	mark func(*trace.Session, *trace.Call) *trace.Call) (int, error) {
+func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]bolt.SessionTimes,
+	session func(*trace.Session) (archivedSession, error)) (int, error) {
 	calls := 0
 	for si := range g.Sessions {
 		s := &g.Sessions[si]
+		as, err := session(s)
+		if err != nil {
+			return calls, fmt.Errorf("group %s: %w", g.ID, err)
+		}
 		k := 0
-		err := a.Store.EachCall(s.ID, func(c *trace.Call) error {
+		err = a.Store.EachCall(s.ID, func(c *trace.Call) error {
+			if err := as.mark(k, c); err != nil {
+				return err
+			}
 			k++
-			return r.Call(g.ID, s.TaskID, mark(s, c))
+			return r.Call(g.ID, s.TaskID, c)
 		})
 		if err != nil {
 			return calls, fmt.Errorf("group %s: %w", g.ID, err)
 		}
-		info := archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished}
-		if v, ok := adv[s.ID]; ok {
-			info.Advantage = &v
+		if as.calls >= 0 && k != as.calls {
+			return calls, fmt.Errorf("group %s: session %q holds %d calls, the step decided on %d", g.ID, s.ID, k, as.calls)
 		}
-		r.Session(g.ID, s, k, info)
+		r.Session(g.ID, s, k, archive.SessionInfo{Created: times[s.ID].Created, Finished: times[s.ID].Finished, Advantage: as.advantage})
 		calls += k
 	}
 	return calls, nil
-}
-
-// trainedAs is call c of session s as the step trained on it: the archive says which
-// calls the step trained on, and those of a failed or timed-out session, or sampled by a
-// policy older than the step's cut-off, were not, although the store recorded them
-// trainable. usable marks them as the step former did (no -drop-failed here: every
-// session is archived).
-func trainedAs(s *trace.Session, c *trace.Call, minVersion int64) *trace.Call {
-	one := trace.Group{Sessions: []trace.Session{{ID: s.ID, Status: s.Status, Calls: []trace.Call{*c}}}}
-	u, _ := Config{}.usable(one, minVersion)
-	return &u.Sessions[0].Calls[0]
-}
-
-// advantages are group g's sessions' advantages as the step former's examination
-// computed them: under -drop-failed failed and timed-out sessions left the group (no
-// advantage); otherwise a failed one is out of the baseline (0). A group whose
-// advantages cannot be computed gets none.
-func (a *Archiver) advantages(g trace.Group) map[string]float64 {
-	u, _ := Config{DropFailed: a.DropFailed}.usable(g, 0) // g's sessions come without calls
-	in := u.Sessions
-	adv, err := batcher.SessionAdvantages(a.Advantage, in)
-	if err != nil {
-		a.Log.Warn("archiving a group without advantages", "group", g.ID, "err", err)
-		return nil
-	}
-	out := make(map[string]float64, len(in))
-	for i, s := range in {
-		out[s.ID] = adv[i]
-	}
-	return out
 }
 
 // archiveDir is where cfg's archive goes.

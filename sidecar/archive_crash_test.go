@@ -45,7 +45,7 @@ func archiveCrashChild(dir, stage string, nth int) {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
-	a := NewArchiver(s, dir+"/archive", DefaultConfig(), memory.NewGoAllocator(), quietLog())
+	a := NewArchiver(s, dir+"/archive", memory.NewGoAllocator(), quietLog())
 	seen := 0
 	a.at = func(at string) {
 		fmt.Println("AT", at)
@@ -133,7 +133,7 @@ func TestArchiveCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+			a := NewArchiver(s, dir+"/archive", mem, quietLog())
 			if _, err := a.ArchiveCommitted(context.Background()); err != nil { // floe serve's start
 				t.Fatal(err)
 			}

@@ -61,7 +61,7 @@ func TestArchivePanicIsAnError(t *testing.T) {
 	}
 	defer s.Close()
 	recordStep(t, s, 0)
-	a := NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", DefaultConfig(), mem, quietLog())
+	a := NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", mem, quietLog())
 	if _, err := a.ArchiveCommitted(context.Background()); err == nil || !strings.Contains(err.Error(), "panic") {
 		t.Fatalf("ArchiveCommitted: %v, want the panic as an error", err)
 	}
@@ -71,7 +71,7 @@ func TestArchivePanicIsAnError(t *testing.T) {
 	}
 	// floe serve's archiver, meeting the same step.
 	var runLogs syncBuffer
-	a = NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", DefaultConfig(), mem,
+	a = NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", mem,
 		slog.New(slog.NewTextHandler(&runLogs, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -155,7 +155,7 @@ func TestArchiveSkipsFailingStep(t *testing.T) {
 		recordStep(t, s, k)
 	}
 	fs := &failingStore{Store: s, bad: map[string]bool{"g000": true}}
-	a := NewArchiver(fs, dir+"/archive", DefaultConfig(), mem, quietLog())
+	a := NewArchiver(fs, dir+"/archive", mem, quietLog())
 	m := NewMetrics(State{})
 	a.Metrics = m
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -219,7 +219,7 @@ func TestArchiveReturnsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	fs := &failingStore{Store: s, bad: map[string]bool{"g001": true}, cancel: cancel}
-	a := NewArchiver(fs, dir+"/archive", DefaultConfig(), mem, quietLog())
+	a := NewArchiver(fs, dir+"/archive", mem, quietLog())
 	done, err := a.ArchiveCommitted(ctx)
 	if !slices.Equal(done, []int64{0}) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled pass archived %v (%v): want step 0 only, and the cancellation", done, err)
@@ -230,7 +230,7 @@ func TestArchiveReturnsOnCancel(t *testing.T) {
 	if steps, err := s.ArchivableSteps(); err != nil || !slices.Equal(steps, []int64{1, 2, 3}) {
 		t.Fatalf("left in the store %v %v", steps, err)
 	}
-	a = NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+	a = NewArchiver(s, dir+"/archive", mem, quietLog())
 	if done, err := a.ArchiveCommitted(context.Background()); err != nil || !slices.Equal(done, []int64{1, 2, 3}) {
 		t.Fatalf("next start archived %v, %v", done, err)
 	}

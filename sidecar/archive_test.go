@@ -121,13 +121,33 @@ func recordStep(t *testing.T, s *bolt.Store, k int) (map[callKey]trace.Call, []s
 			t.Fatal(err)
 		}
 	}
-	if err := s.SaveStepRecord(trace.StepRecord{N: int64(k), Groups: []string{gid}, TokenBudget: 8192, MinPolicyVersion: int64(k)}); err != nil {
-		t.Fatal(err)
-	}
+	saveDecided(t, s, trace.StepRecord{N: int64(k), Groups: []string{gid}, TokenBudget: 8192, MinPolicyVersion: int64(k)}, DefaultConfig())
 	if err := s.CommitStep(int64(k)); err != nil {
 		t.Fatal(err)
 	}
 	return out, keys
+}
+
+// saveDecided saves rec with the decisions floe serve with cfg takes on its groups, as
+// the step former does when it forms the step.
+func saveDecided(t *testing.T, s *bolt.Store, rec trace.StepRecord, cfg Config) {
+	t.Helper()
+	var groups []*decidedGroup
+	for _, id := range rec.Groups {
+		g, err := s.Group(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := cfg.decide(g, rec.MinPolicyVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups = append(groups, d)
+	}
+	rec.Decisions = cfg.stepDecisions(groups)
+	if err := s.SaveStepRecord(rec); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // checkArchive reads the archive under dir back and checks it holds every call of
@@ -210,8 +230,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			cfg := DefaultConfig()
-			a := NewArchiver(s, dir+"/archive", cfg, mem, quietLog())
+			a := NewArchiver(s, dir+"/archive", mem, quietLog())
 			recorded := map[callKey]trace.Call{}
 			var peak int64
 			for k := range boundSteps {
@@ -388,7 +407,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 			}
 			if killAt != "" {
 				// The crash, in process: the stage hook stops archiving where a kill would.
-				a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+				a := NewArchiver(s, dir+"/archive", mem, quietLog())
 				a.at = func(st string) {
 					if st == killAt {
 						panic(errCrash)
@@ -405,7 +424,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			a := NewArchiver(s, dir+"/archive", DefaultConfig(), mem, quietLog())
+			a := NewArchiver(s, dir+"/archive", mem, quietLog())
 			if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -492,15 +511,13 @@ func TestArchiveSaysWhichCallsTrained(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}); err != nil {
-		t.Fatal(err)
-	}
+	cfg := DefaultConfig()
+	cfg.DropFailed = true // the failed session leaves the group, and is archived all the same
+	saveDecided(t, s, trace.StepRecord{N: 0, Groups: []string{"g"}, MinPolicyVersion: 3}, cfg)
 	if err := s.CommitStep(0); err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig()
-	cfg.DropFailed = true // the failed session leaves the group, and is archived all the same
-	a := NewArchiver(s, dir+"/archive", cfg, mem, quietLog())
+	a := NewArchiver(s, dir+"/archive", mem, quietLog())
 	if _, err := a.ArchiveCommitted(context.Background()); err != nil {
 		t.Fatal(err)
 	}

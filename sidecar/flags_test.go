@@ -87,7 +87,7 @@ func TestRegisterFlagsParses(t *testing.T) {
 }
 
 // TestRegisterFlagsDefinesServesFlags: with no names, every flag of floe serve (the
-// names DESIGN.md and the YAML config keys rely on; -open-sessions is floe proxy's only);
+// names docs/design.md lists and the YAML config keys rely on; -open-sessions is floe proxy's only);
 // with names, exactly those.
 func TestRegisterFlagsDefinesServesFlags(t *testing.T) {
 	all := []string{"advantage", "archive", "archive-dir", "control-addr", "control-token-file", "data-dir", "dp-size", "drop-failed", "engine",

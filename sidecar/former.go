@@ -27,69 +27,45 @@ func (cfg Config) policy() plan.Policy {
 	return plan.Policy{GroupsPerStep: cfg.GroupsPerStep, MinGroupSize: cfg.MinGroupSize, GroupTimeout: cfg.GroupTimeout}
 }
 
-// examined is a complete group reconstructed once, kept until a step takes it or it is
-// dropped.
+// examined is a complete group decided and reconstructed once, kept until a step takes
+// it or it is dropped.
 type examined struct {
-	exam  plan.Examination
-	rec   *batcher.Reconstructed // nil when the group is invalid
-	stale int                    // trainable calls set aside as stale
+	exam    plan.Examination
+	decided *decidedGroup          // nil when the group is invalid
+	rec     *batcher.Reconstructed // nil when the group is invalid
+	stale   int                    // trainable calls set aside as stale
 }
 
-// examine reads group id and reconstructs it under cfg's failed-session policy and the
-// staleness cut-off minVersion.
+// examine reads group id, decides it under cfg's failed-session policy and advantage and
+// the staleness cut-off minVersion, and reconstructs it.
 func examine(store trace.GroupStore, id string, minVersion int64, cfg Config) (*examined, error) {
 	g, err := store.Group(id)
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", id, err)
 	}
-	g, stale := cfg.usable(g, minVersion)
+	d, err := cfg.decide(g, minVersion)
 	// Usable sessions are those whose rewards form the group's baseline: a group with
 	// fewer has no comparison to learn from.
 	usable := 0
-	for i := range g.Sessions {
-		if batcher.InBaseline(&g.Sessions[i]) {
+	for i := range d.group.Sessions {
+		if batcher.InBaseline(&d.group.Sessions[i]) {
 			usable++
 		}
 	}
-	e := &examined{exam: plan.Examination{UsableSessions: usable}, stale: stale}
-	rec, err := batcher.Reconstruct(&g, cfg.Batcher)
+	e := &examined{exam: plan.Examination{UsableSessions: usable}, stale: d.stale}
 	if err != nil {
 		e.exam.Invalid = err.Error()
 		return e, nil
 	}
-	e.rec = rec
+	rec, err := batcher.ReconstructWith(&d.group, cfg.Batcher, d.advantages)
+	if err != nil {
+		e.exam.Invalid = err.Error()
+		return e, nil
+	}
+	e.decided, e.rec = d, rec
 	e.exam.OldestTrainable, e.exam.HasTrainable = rec.OldestTrainable()
 	e.exam.LongestPath, e.exam.LongestSession = rec.LongestPath()
 	return e, nil
-}
-
-// usable applies the failed-session policy and the staleness cut-off: calls sampled by a
-// policy older than minVersion stay as context with no loss. It returns how many
-// trainable calls were stale.
-func (cfg Config) usable(g trace.Group, minVersion int64) (trace.Group, int) {
-	out := g
-	out.Sessions = nil
-	stale := 0
-	for _, s := range g.Sessions {
-		if s.Status == trace.StatusFailed || s.Status == trace.StatusTimeout {
-			if cfg.DropFailed {
-				continue
-			}
-			for i := range s.Calls {
-				if s.Calls[i].Trainable {
-					s.Calls[i].MarkUntrainable("session " + string(s.Status))
-				}
-			}
-		}
-		for i := range s.Calls {
-			if c := &s.Calls[i]; c.Trainable && c.PolicyVersion < minVersion {
-				c.MarkUntrainable(fmt.Sprintf("stale: policy version %d, older than %d", c.PolicyVersion, minVersion))
-				stale++
-			}
-		}
-		out.Sessions = append(out.Sessions, s)
-	}
-	return out, stale
 }
 
 // planState is the planner's view of store, with the examinations made so far.
@@ -321,12 +297,13 @@ func (f *stepFormer) timeOut(d plan.TimeOut) error {
 func (f *stepFormer) form(ctx context.Context, d plan.Form) error {
 	began := f.now()
 	recs := make([]*batcher.Reconstructed, len(d.Groups))
+	decided := make([]*decidedGroup, len(d.Groups))
 	for i, id := range d.Groups {
 		e, ok := f.exams[id]
 		if !ok || e.rec == nil {
 			return fmt.Errorf("internal error: step %d takes group %s, which was not examined", d.Step, id)
 		}
-		recs[i] = e.rec
+		recs[i], decided[i] = e.rec, e.decided
 	}
 	bc := f.cfg.Batcher
 	bc.TokenBudget = d.TokenBudget
@@ -334,7 +311,8 @@ func (f *stepFormer) form(ctx context.Context, d plan.Form) error {
 	if err != nil {
 		return fmt.Errorf("forming step %d: %w", d.Step, err)
 	}
-	rec := trace.StepRecord{N: d.Step, Groups: d.Groups, MinPolicyVersion: d.MinPolicyVersion, TokenBudget: d.TokenBudget}
+	rec := trace.StepRecord{N: d.Step, Groups: d.Groups, MinPolicyVersion: d.MinPolicyVersion, TokenBudget: d.TokenBudget,
+		Decisions: f.cfg.stepDecisions(decided)}
 	if err := f.store.SaveStepRecord(rec); err != nil {
 		return fmt.Errorf("saving step %d: %w", d.Step, err)
 	}
@@ -344,24 +322,36 @@ func (f *stepFormer) form(ctx context.Context, d plan.Form) error {
 	return f.publish(ctx, st, d.TokenBudget, f.now().Sub(began), false)
 }
 
-// recover forms a saved, uncommitted step again from its groups, with the cut-off and
-// budget it was formed with, byte for byte as before.
+// recover forms a saved, uncommitted step again from its groups, replaying the decisions
+// it recorded (its settings, advantages, the calls it trained on) with its cut-off and
+// budget: byte for byte as before, whatever the settings of this start.
 func (f *stepFormer) recover(ctx context.Context, rec trace.StepRecord) error {
 	began := f.now()
-	bc := f.cfg.Batcher
-	if rec.TokenBudget > 0 {
-		bc.TokenBudget = rec.TokenBudget
+	bc, err := f.cfg.packedWith(rec)
+	if err != nil {
+		return err
 	}
+	decided := sessionDecisions(rec.Decisions)
 	recs := make([]*batcher.Reconstructed, 0, len(rec.Groups))
+	sessions := 0
 	for _, id := range rec.Groups {
-		e, err := examine(f.store, id, rec.MinPolicyVersion, f.cfg)
+		stored, err := f.store.Group(id)
+		if err != nil {
+			return fmt.Errorf("step %d: group %s: %w", rec.N, id, err)
+		}
+		g, adv, err := replay(stored, decided)
 		if err != nil {
 			return fmt.Errorf("step %d: %w", rec.N, err)
 		}
-		if e.rec == nil {
-			return fmt.Errorf("step %d: group %s: %s", rec.N, id, e.exam.Invalid)
+		sessions += len(stored.Sessions)
+		r, err := batcher.ReconstructWith(&g, bc, adv)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", rec.N, err)
 		}
-		recs = append(recs, e.rec)
+		recs = append(recs, r)
+	}
+	if sessions != len(decided) {
+		return fmt.Errorf("step %d: its groups hold %d sessions, the step decided on %d", rec.N, sessions, len(decided))
 	}
 	st, err := batcher.Pack(rec.N, recs, bc)
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
-// Config is floe serve's configuration; DefaultConfig gives DESIGN.md's defaults.
+// Config is floe serve's configuration; DefaultConfig gives its defaults (docs/design.md).
 type Config struct {
 	// ProxyAddr is the agent-facing listener: the provider APIs and /healthz, nothing
 	// else. ControlAddr serves /floe/v1 and /metrics; FlightAddr the Flight service.
@@ -118,7 +118,7 @@ type Config struct {
 	ArchiveDir string
 }
 
-// DefaultConfig returns the defaults of DESIGN.md.
+// DefaultConfig returns floe serve's defaults (docs/design.md, "Defaults").
 func DefaultConfig() Config {
 	return Config{
 		ProxyAddr: "127.0.0.1:8700", ControlAddr: "127.0.0.1:8701", FlightAddr: "127.0.0.1:8815", Upstream: "http://127.0.0.1:8000", Engine: "vllm",
@@ -289,8 +289,9 @@ type Addrs struct {
 // step former, READY buffer, Flight service and GPU monitor, each listener on its own
 // address (the harness-facing proxy reaches no control). ready is called once all three
 // listeners are bound. Tokens must be loaded (LoadTokens) before. On start it recovers from the data dir: uncommitted steps are
-// formed again from their groups with the budget they were formed with, byte for byte
-// as before, and committed steps are never served again.
+// formed again from their groups by replaying the decisions their records hold, byte for
+// byte as before whatever this start's settings, and committed steps are never served
+// again.
 func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -307,6 +308,11 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
 	defer store.Close()
+	// An older floe's steps get their decisions once, before any is formed again or
+	// archived; from then on every step replays its record.
+	if err := decideOlderSteps(store, cfg, log); err != nil {
+		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
 	pending, lastCommitted, err := store.Steps()
 	if err != nil {
 		return fmt.Errorf("reading steps: %w", err)
@@ -377,7 +383,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		gate: gate, metrics: metrics, exams: map[string]*examined{}}
 	var archiver *Archiver
 	if cfg.Archive {
-		archiver = NewArchiver(store, cfg.archiveDir(), cfg, mem, log)
+		archiver = NewArchiver(store, cfg.archiveDir(), mem, log)
 		archiver.Metrics = metrics
 	}
 	describe := func(st *Status) {
@@ -459,8 +465,8 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 	}
 }
 
-// AnnounceJSON writes the bound addresses as one JSON line, as DESIGN.md asks when a port
-// is 0.
+// AnnounceJSON writes the bound addresses as one JSON line: how a launcher learns the
+// ports when one is 0 (docs/design.md, "The start line").
 func AnnounceJSON(w io.Writer) func(Addrs) {
 	return func(a Addrs) {
 		b, _ := json.Marshal(a)

@@ -3,6 +3,9 @@ package trace
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
+	"slices"
 	"time"
 )
 
@@ -150,7 +153,10 @@ func (g GroupState) Complete() bool {
 }
 
 // StepRecord is a saved step: its number, the groups it was formed from in order, and
-// what a restart needs to form it again byte for byte.
+// what the step decided when it was formed. A restart forms an uncommitted step again
+// from these decisions, byte for byte as it was served, and the archive says what a
+// committed step trained on from them: both replay the record, neither re-derives it
+// from the settings floe happens to run with.
 type StepRecord struct {
 	N      int64    `json:"n"`
 	Groups []string `json:"groups"`
@@ -159,7 +165,120 @@ type StepRecord struct {
 	MinPolicyVersion int64 `json:"min_policy_version"`
 	// TokenBudget is the budget the step was packed with; 0 in records written before
 	// floe kept it (the fixed budget then applies).
-	TokenBudget int       `json:"token_budget"`
-	Committed   bool      `json:"committed"`
-	Saved       time.Time `json:"saved"`
+	TokenBudget int `json:"token_budget"`
+	// Decisions are how the step was formed and what it trained on; nil in a record an
+	// older floe wrote, which floe serve decides once, at its first start on the store
+	// (docs/trace.md, "bolt's format and upgrades").
+	Decisions *StepDecisions `json:"decisions,omitempty"`
+	Committed bool           `json:"committed"`
+	Saved     time.Time      `json:"saved"`
+}
+
+// StepDecisions are what a step decided when it was formed: the batcher settings it was
+// packed with and, for every session of its groups, the advantage it trained with and
+// which of its calls it trained on.
+type StepDecisions struct {
+	// Strategy, Advantage, PadMultiple and PassCost are the batcher's (batcher.Config)
+	// when the step was formed: a re-formed step is packed with them, whatever the flags
+	// of the restart. The number of data-parallel ranks is not the step's: it is the
+	// trainer's, which a restart may change.
+	Strategy    string  `json:"strategy"`
+	Advantage   string  `json:"advantage"`
+	PadMultiple int     `json:"pad_multiple"`
+	PassCost    float64 `json:"pass_cost"`
+	// Sessions are every session of the step's groups, in the step's group order and each
+	// group's creation order, including those the step left out.
+	Sessions []SessionDecision `json:"sessions"`
+}
+
+// SessionDecision is what a step decided for one session of its groups.
+type SessionDecision struct {
+	ID string `json:"id"`
+	// LeftOut: the session was left out of its group (-drop-failed on a failed or
+	// timed-out session): it is in no baseline, has no advantage, and trained no call.
+	LeftOut bool `json:"left_out,omitempty"`
+	// Advantage is the advantage the step trained the session with, within its group
+	// (0 for a failed session, which is out of the baseline; 0 when LeftOut).
+	Advantage float64 `json:"advantage"`
+	// Calls is how many calls the session held; every one was trained on but those in
+	// Untrained.
+	Calls int `json:"calls"`
+	// Untrained are the calls not trained on, in runs of consecutive calls with one
+	// reason (recorded untrainable, session failed, stale, ...), in order.
+	Untrained []UntrainedCalls `json:"untrained,omitempty"`
+}
+
+// UntrainedCalls are Count consecutive calls of a session, from its call First (the
+// position in the session's calls, as trace.Session.Calls holds them), that a step did
+// not train on, for Reason.
+type UntrainedCalls struct {
+	First  int    `json:"first"`
+	Count  int    `json:"count"`
+	Reason string `json:"reason"`
+}
+
+// DecideSession is the decision of a step on session s, whose calls are marked as the
+// step trains on them (Call.Trainable, Call.UntrainableReason), with advantage adv;
+// leftOut when the step left s out of its group (its advantage is then 0, and its calls
+// must be marked untrainable).
+func DecideSession(s *Session, adv float64, leftOut bool) SessionDecision {
+	d := SessionDecision{ID: s.ID, LeftOut: leftOut, Calls: len(s.Calls)}
+	if !leftOut {
+		d.Advantage = adv
+	}
+	for i := range s.Calls {
+		c := &s.Calls[i]
+		if c.Trainable {
+			continue
+		}
+		if n := len(d.Untrained); n > 0 {
+			if last := &d.Untrained[n-1]; last.First+last.Count == i && last.Reason == c.UntrainableReason {
+				last.Count++
+				continue
+			}
+		}
+		d.Untrained = append(d.Untrained, UntrainedCalls{First: i, Count: 1, Reason: c.UntrainableReason})
+	}
+	return d
+}
+
+// Replay marks call i of the session (c) as the step trained on it: untrained, with the
+// recorded reason, or trained, which the call must be recorded as. A call the decision
+// does not cover, or a trained one recorded untrainable, is an error: the store no longer
+// holds what the step was formed from.
+func (d *SessionDecision) Replay(i int, c *Call) error {
+	if i < 0 || i >= d.Calls {
+		return fmt.Errorf("session %q: call %d, and the step decided on %d calls", d.ID, i, d.Calls)
+	}
+	for _, u := range d.Untrained {
+		if i >= u.First && i < u.First+u.Count {
+			c.MarkUntrainable(u.Reason)
+			return nil
+		}
+	}
+	if !c.Trainable {
+		return fmt.Errorf("session %q: call %d trained in the step, and is recorded untrainable (%s)", d.ID, i, c.UntrainableReason)
+	}
+	return nil
+}
+
+// Same reports whether r and o record the same step: the same number, groups, cut-off,
+// budget and decisions (whether committed, and when saved, aside).
+func (r StepRecord) Same(o StepRecord) bool {
+	return r.N == o.N && slices.Equal(r.Groups, o.Groups) && r.MinPolicyVersion == o.MinPolicyVersion &&
+		r.TokenBudget == o.TokenBudget && reflect.DeepEqual(r.Decisions, o.Decisions)
+}
+
+// Clone is a copy of r that shares no memory with it.
+func (r StepRecord) Clone() StepRecord {
+	r.Groups = slices.Clone(r.Groups)
+	if r.Decisions != nil {
+		d := *r.Decisions
+		d.Sessions = slices.Clone(d.Sessions)
+		for i := range d.Sessions {
+			d.Sessions[i].Untrained = slices.Clone(d.Sessions[i].Untrained)
+		}
+		r.Decisions = &d
+	}
+	return r
 }

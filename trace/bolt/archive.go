@@ -71,8 +71,7 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 		if !sv.Committed || sv.Archived {
 			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
 		}
-		out = StepContents{Record: trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion,
-			TokenBudget: sv.TokenBudget, Committed: true, Saved: sv.Saved}, CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
+		out = StepContents{Record: sv.record(n), CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
 		return nil
 	})
 	return out, err
@@ -350,7 +349,8 @@ func (s *Store) ForgetStep(n int64) error {
 		if err := updateTotals(tx, func(t *Totals) { t.ArchivedSteps++ }); err != nil {
 			return err
 		}
-		sv.Groups, sv.Archived, sv.FilesWritten = nil, true, false
+		// The decisions went to the archive (the sessions' advantages, the calls' marks).
+		sv.Groups, sv.Decisions, sv.Archived, sv.FilesWritten = nil, nil, true, false
 		return putJSON(tx.Bucket(bSteps), seqKey(uint64(n)), sv)
 	})
 }

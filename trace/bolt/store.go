@@ -24,6 +24,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"sync"
@@ -38,10 +39,11 @@ import (
 // FormatVersion is the on-disk format this package writes and the newest it reads.
 // Version 2 added the usage totals, the policy version, a group's created/timed-out
 // fields and a step's staleness cut-off; version 3 a step's token budget, which older
-// floes kept beside the store in BudgetsFile. An older store is upgraded in place when
-// opened read-write (after which an older floe refuses it rather than skip what it
-// cannot keep up to date).
-const FormatVersion = 3
+// floes kept beside the store in BudgetsFile; version 4 a step's decisions
+// (trace.StepDecisions). An older store is upgraded in place when opened read-write
+// (after which an older floe refuses it rather than skip what it cannot keep up to date:
+// one that rewrote a format 4 step record on commit would drop its decisions).
+const FormatVersion = 4
 
 // BudgetsFile is where floe before format 3 kept, in the data dir, the token budget of
 // each step formed with a budget other than the fixed one: a JSON object from step
@@ -238,7 +240,8 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 			}
 		}
 		if readOnly {
-			// Format 2 differs only by the budgets, which are read from the file instead;
+			// Formats 2 and 3 differ by the budgets, which are read from the file instead,
+			// and by the steps' decisions, which their records lack (as after an upgrade);
 			// format 1 lacks the totals, which only an upgrade counts.
 			if got < 2 {
 				return fmt.Errorf("%w: %s has format version %d and is opened read-only: open it read-write once with this floe to upgrade it to %d",
@@ -317,6 +320,11 @@ func upgrade(tx *bolt.Tx, meta *bolt.Bucket, got uint32, budgets map[int64]int, 
 	if err := applyBudgets(tx, budgets, budgetsPath); err != nil {
 		return err
 	}
+	// Version 3 -> 4: nothing to rewrite. An older floe's step records hold no decisions
+	// (trace.StepRecord.Decisions nil); only floe serve, which has the settings the older
+	// floe formed them with, can decide them, once, at its first start on the store
+	// (UndecidedSteps, DecideStep). The format is raised now so that an older floe, which
+	// would drop the decisions when it rewrites a record, refuses the store from here on.
 	if got == FormatVersion {
 		return nil
 	}
@@ -998,12 +1006,15 @@ func (s *Store) PolicyVersion() (int64, error) {
 }
 
 type stepValue struct {
-	Groups           []string  `json:"groups"`
-	MinPolicyVersion int64     `json:"min_policy_version,omitempty"`
-	TokenBudget      int       `json:"token_budget,omitempty"` // format 3
-	Committed        bool      `json:"committed"`
-	Saved            time.Time `json:"saved"`
-	CommitAt         time.Time `json:"committed_at,omitzero"`
+	Groups           []string `json:"groups"`
+	MinPolicyVersion int64    `json:"min_policy_version,omitempty"`
+	TokenBudget      int      `json:"token_budget,omitempty"` // format 3
+	// Decisions: format 4; nil in an older floe's record until floe serve decides it
+	// (DecideStep), and in an archived step's tombstone.
+	Decisions *trace.StepDecisions `json:"decisions,omitempty"`
+	Committed bool                 `json:"committed"`
+	Saved     time.Time            `json:"saved"`
+	CommitAt  time.Time            `json:"committed_at,omitzero"`
 	// Archived: the step's data went to the archive and left the store (ForgetStep);
 	// the record stays, without its groups, to keep the step committed.
 	Archived bool `json:"archived,omitempty"`
@@ -1020,9 +1031,9 @@ func (s *Store) SaveStep(n int64, groupIDs []string) error {
 	return s.SaveStepRecord(trace.StepRecord{N: n, Groups: groupIDs})
 }
 
-// SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off and
-// token budget), which Steps returns so that a restart forms the step again the same
-// way. The same record again is a no-op; another record under its number, or a group
+// SaveStepRecord is SaveStep with the rest of the record (its staleness cut-off, token
+// budget and decisions), which Steps returns so that a restart forms the step again the
+// same way. The same record again is a no-op; another record under its number, or a group
 // already in another step, fails with ErrStepConflict; a committed step with
 // ErrCommitted; an unknown group with ErrUnknownGroup.
 func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
@@ -1043,8 +1054,8 @@ func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 			if sv.Committed {
 				return fmt.Errorf("save step %d: %w", n, ErrCommitted)
 			}
-			if !equalStrings(sv.Groups, groupIDs) || sv.MinPolicyVersion != rec.MinPolicyVersion || sv.TokenBudget != rec.TokenBudget {
-				return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d), not %q (from %d, budget %d)",
+			if !sv.record(n).Same(rec) {
+				return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d) and its decisions, not %q (from %d, budget %d) or other decisions",
 					n, ErrStepConflict, sv.Groups, sv.MinPolicyVersion, sv.TokenBudget, groupIDs, rec.MinPolicyVersion, rec.TokenBudget)
 			}
 			return nil
@@ -1066,7 +1077,7 @@ func (s *Store) SaveStepRecord(rec trace.StepRecord) error {
 			}
 		}
 		return putJSON(steps, seqKey(uint64(n)), stepValue{Groups: groupIDs, MinPolicyVersion: rec.MinPolicyVersion,
-			TokenBudget: rec.TokenBudget, Saved: time.Now().UTC()})
+			TokenBudget: rec.TokenBudget, Decisions: rec.Decisions, Saved: time.Now().UTC()})
 	})
 }
 
@@ -1112,7 +1123,7 @@ func (s *Store) Steps() (uncommitted []trace.StepRecord, lastCommitted int64, er
 				lastCommitted = max(lastCommitted, n)
 				return nil
 			}
-			rec := trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, TokenBudget: sv.TokenBudget, Saved: sv.Saved}
+			rec := sv.record(n)
 			if rec.TokenBudget == 0 {
 				rec.TokenBudget = s.oldBudgets[n] // read-only beside a budgets file not moved in yet
 			}
@@ -1142,14 +1153,74 @@ func (s *Store) StepCommitted(n int64) (bool, error) {
 	return committed, err
 }
 
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
+// record is step n's record as trace has it.
+func (sv stepValue) record(n int64) trace.StepRecord {
+	return trace.StepRecord{N: n, Groups: sv.Groups, MinPolicyVersion: sv.MinPolicyVersion, TokenBudget: sv.TokenBudget,
+		Decisions: sv.Decisions, Committed: sv.Committed, Saved: sv.Saved}
+}
+
+// UndecidedSteps lists, by number, the step records an older floe wrote without
+// decisions whose groups are still in the store: uncommitted, or committed and not yet
+// archived. floe serve decides each once at start (DecideStep), before it forms or
+// archives any step. A step whose archive files are written needs none: it is only
+// forgotten.
+func (s *Store) UndecidedSteps() ([]trace.StepRecord, error) {
+	var out []trace.StepRecord
+	err := s.view(func(tx *bolt.Tx) error {
+		return tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
+			if len(k) != 8 {
+				return fmt.Errorf("%w: step key %x", ErrCorrupt, k)
+			}
+			var sv stepValue
+			if err := json.Unmarshal(v, &sv); err != nil {
+				return fmt.Errorf("%w: step %x: %v", ErrCorrupt, k, err)
+			}
+			if sv.Decisions == nil && !sv.Archived && !sv.FilesWritten {
+				n := int64(binary.BigEndian.Uint64(k))
+				rec := sv.record(n)
+				if rec.TokenBudget == 0 {
+					rec.TokenBudget = s.oldBudgets[n]
+				}
+				out = append(out, rec)
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+// DecideStep records rec.Decisions, and rec.TokenBudget where the record has no budget,
+// in the record of step rec.N, which an older floe wrote without them (UndecidedSteps),
+// committed or not. Deciding it again the same way is a no-op; other decisions, or a
+// record that differs otherwise, fail with ErrStepConflict; a step never saved with
+// ErrUnknownStep.
+func (s *Store) DecideStep(rec trace.StepRecord) error {
+	if rec.Decisions == nil {
+		return fmt.Errorf("decide step %d: no decisions given", rec.N)
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
+	return s.write(func(tx *bolt.Tx) error {
+		sv, err := readStep(tx, rec.N)
+		if err != nil {
+			return fmt.Errorf("decide step %d: %w", rec.N, err)
 		}
-	}
-	return true
+		if sv.Archived || sv.FilesWritten {
+			return fmt.Errorf("decide step %d: archived already", rec.N)
+		}
+		decided := sv
+		decided.Decisions = rec.Decisions
+		if decided.TokenBudget == 0 {
+			decided.TokenBudget = rec.TokenBudget
+		}
+		if !decided.record(rec.N).Same(rec) {
+			return fmt.Errorf("decide step %d: %w: saved with groups %q (policy versions from %d, token budget %d), decided with %q (from %d, budget %d)",
+				rec.N, ErrStepConflict, sv.Groups, sv.MinPolicyVersion, sv.TokenBudget, rec.Groups, rec.MinPolicyVersion, rec.TokenBudget)
+		}
+		if sv.Decisions != nil {
+			if reflect.DeepEqual(sv.Decisions, rec.Decisions) {
+				return nil
+			}
+			return fmt.Errorf("decide step %d: %w: decided already, otherwise", rec.N, ErrStepConflict)
+		}
+		return putJSON(tx.Bucket(bSteps), seqKey(uint64(rec.N)), decided)
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -209,4 +210,147 @@ func TestClosedStore(t *testing.T) {
 			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
 		}
 	}
+}
+
+// formatThreeStore writes a store as floe wrote format 3, its step records without
+// decisions: steps 0 (committed), 1 (uncommitted) and 2 (committed, archived and
+// forgotten), then closes it.
+func formatThreeStore(t *testing.T, dir string) {
+	t.Helper()
+	s := open(t, dir, Options{})
+	for _, g := range []string{"g0", "g1", "g2"} {
+		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t", GroupID: g}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FinishSession(g+"-s", 1, trace.StatusCompleted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, g := range []string{"g0", "g1", "g2"} {
+		if err := s.SaveStepRecord(trace.StepRecord{N: int64(n), Groups: []string{g}, TokenBudget: 1024 * (n + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []int64{0, 2} {
+		if err := s.CommitStep(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ForgetStep(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bMeta).Put(kFormat, binary.BigEndian.AppendUint32(nil, 3))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUpgradeToDecidedSteps: a format 3 store opens read-only as it is (its steps without
+// decisions); a read-write open raises the format to 4 and lists the steps whose groups
+// are still in the store (committed or not, not the archived one) as undecided; DecideStep
+// records a step's decisions once (the same again a no-op, others a conflict), and they
+// survive a reopen and a commit; an archived step's tombstone keeps none.
+func TestUpgradeToDecidedSteps(t *testing.T) {
+	dir := t.TempDir()
+	formatThreeStore(t, dir)
+
+	ro := open(t, dir, Options{ReadOnly: true})
+	if un, last, err := ro.Steps(); err != nil || len(un) != 1 || un[0].N != 1 || un[0].Decisions != nil || last != 2 {
+		t.Fatalf("read-only Steps = %+v %d %v, want step 1 without decisions, last committed 2", un, last, err)
+	}
+	if got := format(t, ro); got != 3 {
+		t.Fatalf("a read-only open changed the format to %d", got)
+	}
+	ro.Close()
+
+	s := open(t, dir, Options{})
+	if got := format(t, s); got != FormatVersion || FormatVersion != 4 {
+		t.Fatalf("format %d after the upgrade, want 4", got)
+	}
+	undecided := func(when string) []int64 {
+		t.Helper()
+		recs, err := s.UndecidedSteps()
+		if err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		var ns []int64
+		for _, r := range recs {
+			ns = append(ns, r.N)
+			if r.TokenBudget != 1024*int(r.N+1) {
+				t.Fatalf("%s: undecided step %d with budget %d", when, r.N, r.TokenBudget)
+			}
+		}
+		return ns
+	}
+	if got := undecided("upgraded"); fmt.Sprint(got) != "[0 1]" {
+		t.Fatalf("undecided steps %v, want [0 1] (2 is archived)", got)
+	}
+	decided := func(n int64, adv float64) trace.StepRecord {
+		return trace.StepRecord{N: n, Groups: []string{fmt.Sprintf("g%d", n)}, TokenBudget: 1024 * int(n+1),
+			Decisions: &trace.StepDecisions{Strategy: "tree", Advantage: "grpo", PadMultiple: 128, PassCost: 1024,
+				Sessions: []trace.SessionDecision{{ID: fmt.Sprintf("g%d-s", n), Advantage: adv}}}}
+	}
+	tests := []struct {
+		name string
+		rec  trace.StepRecord
+		want error // nil: success; errAny: any error
+	}{
+		{"uncommitted", decided(1, 0.25), nil},
+		{"the same again", decided(1, 0.25), nil},
+		{"other decisions", decided(1, 0.5), ErrStepConflict},
+		{"committed", decided(0, -0.25), nil},
+		{"another budget", func() trace.StepRecord { r := decided(0, -0.25); r.TokenBudget = 64; return r }(), ErrStepConflict},
+		{"archived", decided(2, 0), errAny},
+		{"never saved", decided(9, 0), ErrUnknownStep},
+		{"without decisions", trace.StepRecord{N: 1, Groups: []string{"g1"}, TokenBudget: 2048}, errAny},
+	}
+	for _, tt := range tests {
+		err := s.DecideStep(tt.rec)
+		switch {
+		case tt.want == nil && err != nil, tt.want != nil && err == nil, tt.want != nil && tt.want != errAny && !errors.Is(err, tt.want):
+			t.Errorf("%s: DecideStep = %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	if got := undecided("decided"); len(got) != 0 {
+		t.Fatalf("undecided steps %v after deciding them", got)
+	}
+	s = reopen(t, s, dir)
+	defer s.Close()
+	un, _, err := s.Steps()
+	if err != nil || len(un) != 1 || !un[0].Same(decided(1, 0.25)) {
+		t.Fatalf("Steps after a reopen = %+v %v, want step 1 as decided", un, err)
+	}
+	if err := s.CommitStep(1); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int64{0, 1} {
+		head, err := s.CommittedStepHead(n)
+		if want := decided(n, map[int64]float64{0: -0.25, 1: 0.25}[n]); err != nil || !head.Record.Same(want) {
+			t.Fatalf("committed step %d = %+v %v, want its decisions", n, head.Record, err)
+		}
+	}
+	if err := s.ForgetStep(1); err != nil {
+		t.Fatal(err)
+	}
+	if sv := storedStep(t, s, 1); sv.Decisions != nil || !sv.Archived {
+		t.Fatalf("archived step 1's tombstone %+v keeps its decisions", sv)
+	}
+}
+
+// errAny stands for any error in a table of wanted errors.
+var errAny = errors.New("any error")
+
+func storedStep(t *testing.T, s *Store, n int64) stepValue {
+	t.Helper()
+	var sv stepValue
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		return json.Unmarshal(tx.Bucket(bSteps).Get(seqKey(uint64(n))), &sv)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return sv
 }

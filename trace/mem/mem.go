@@ -505,8 +505,8 @@ func (m *Store) SaveStepRecord(rec trace.StepRecord) error {
 		if old.Committed {
 			return fmt.Errorf("save step %d: %w", n, trace.ErrCommitted)
 		}
-		if !slices.Equal(old.Groups, rec.Groups) || old.MinPolicyVersion != rec.MinPolicyVersion || old.TokenBudget != rec.TokenBudget {
-			return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d), not %q (from %d, budget %d)",
+		if !old.Same(rec) {
+			return fmt.Errorf("save step %d: %w: saved with groups %q (policy versions from %d, token budget %d) and its decisions, not %q (from %d, budget %d) or other decisions",
 				n, trace.ErrStepConflict, old.Groups, old.MinPolicyVersion, old.TokenBudget, rec.Groups, rec.MinPolicyVersion, rec.TokenBudget)
 		}
 		return nil
@@ -528,8 +528,9 @@ func (m *Store) SaveStepRecord(rec trace.StepRecord) error {
 	for _, gid := range rec.Groups {
 		m.groups[gid].step = n
 	}
-	m.steps[n] = &trace.StepRecord{N: n, Groups: slices.Clone(rec.Groups), MinPolicyVersion: rec.MinPolicyVersion,
-		TokenBudget: rec.TokenBudget, Saved: time.Now().UTC()}
+	saved := rec.Clone()
+	saved.Committed, saved.Saved = false, time.Now().UTC()
+	m.steps[n] = &saved
 	return nil
 }
 
@@ -580,9 +581,7 @@ func (m *Store) Steps() ([]trace.StepRecord, int64, error) {
 			last = max(last, n)
 			continue
 		}
-		rec := *st
-		rec.Groups = slices.Clone(st.Groups)
-		un = append(un, rec)
+		un = append(un, st.Clone())
 	}
 	sort.Slice(un, func(i, j int) bool { return un[i].N < un[j].N })
 	return un, last, nil

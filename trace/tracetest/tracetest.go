@@ -520,7 +520,7 @@ func Groups(t *testing.T, f Factory[Store]) {
 
 // Steps checks trace.StepStore: steps saved once (the same record again a no-op, any
 // other conflicting), committed exactly once (also concurrently and across a restart),
-// and the records read back with their cut-off and budget.
+// and the records read back with their cut-off, budget and decisions.
 func Steps(t *testing.T, f Factory[Store]) {
 	groups := func(t *testing.T, s Store, ids ...string) {
 		t.Helper()
@@ -535,8 +535,16 @@ func Steps(t *testing.T, f Factory[Store]) {
 			t.Fatalf("Steps of an empty store = %+v %d %v, want none and -1", un, last, err)
 		}
 		groups(t, s, "g0", "g1", "g2", "g3")
-		r0 := trace.StepRecord{N: 0, Groups: []string{"g1", "g0"}, MinPolicyVersion: 2, TokenBudget: 4096}
+		r0 := trace.StepRecord{N: 0, Groups: []string{"g1", "g0"}, MinPolicyVersion: 2, TokenBudget: 4096, Decisions: decisions("g1-s", "g0-s")}
 		r1 := trace.StepRecord{N: 1, Groups: []string{"g2"}}
+		otherAdvantage := r0.Clone()
+		otherAdvantage.Decisions.Sessions[1].Advantage = -0.5
+		otherMark := r0.Clone()
+		otherMark.Decisions.Sessions[0].Untrained = nil
+		otherStrategy := r0.Clone()
+		otherStrategy.Decisions.Strategy = "per_request"
+		undecided := r0.Clone()
+		undecided.Decisions = nil
 		must(t, s.SaveStepRecord(r0))
 		must(t, s.SaveStepRecord(r1))
 		must(t, s.SaveStepRecord(r0)) // the same record again
@@ -547,7 +555,11 @@ func Steps(t *testing.T, f Factory[Store]) {
 		}{
 			{"other groups", trace.StepRecord{N: 1, Groups: []string{"g3"}}, trace.ErrStepConflict},
 			{"other cut-off", trace.StepRecord{N: 0, Groups: []string{"g1", "g0"}, MinPolicyVersion: 3, TokenBudget: 4096}, trace.ErrStepConflict},
-			{"other budget", trace.StepRecord{N: 0, Groups: []string{"g1", "g0"}, MinPolicyVersion: 2}, trace.ErrStepConflict},
+			{"other budget", trace.StepRecord{N: 0, Groups: []string{"g1", "g0"}, MinPolicyVersion: 2, Decisions: r0.Decisions}, trace.ErrStepConflict},
+			{"other advantage", otherAdvantage, trace.ErrStepConflict},
+			{"other call marks", otherMark, trace.ErrStepConflict},
+			{"other strategy", otherStrategy, trace.ErrStepConflict},
+			{"no decisions", undecided, trace.ErrStepConflict},
 			{"group in another step", trace.StepRecord{N: 2, Groups: []string{"g3", "g1"}}, trace.ErrStepConflict},
 			{"unknown group", trace.StepRecord{N: 2, Groups: []string{"g3", "zz"}}, trace.ErrUnknownGroup},
 			{"no groups", trace.StepRecord{N: 2}, nil},
@@ -612,7 +624,7 @@ func Steps(t *testing.T, f Factory[Store]) {
 	t.Run("exactly once across a restart", func(t *testing.T) {
 		s := f.New(t)
 		groups(t, s, "g0", "g1")
-		r1 := trace.StepRecord{N: 1, Groups: []string{"g1"}, MinPolicyVersion: 1, TokenBudget: 1024}
+		r1 := trace.StepRecord{N: 1, Groups: []string{"g1"}, MinPolicyVersion: 1, TokenBudget: 1024, Decisions: decisions("g1-s")}
 		must(t, s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"g0"}}))
 		must(t, s.SaveStepRecord(r1))
 		must(t, s.CommitStep(0))
@@ -630,8 +642,18 @@ func Steps(t *testing.T, f Factory[Store]) {
 }
 
 func sameRecord(a, b trace.StepRecord) bool {
-	return a.N == b.N && slices.Equal(a.Groups, b.Groups) && a.MinPolicyVersion == b.MinPolicyVersion &&
-		a.TokenBudget == b.TokenBudget && a.Committed == b.Committed
+	return a.Same(b) && a.Committed == b.Committed
+}
+
+// decisions are a step's decisions on sessions, one each: settings other than the
+// defaults, an advantage that only a float64 holds exactly, and a run of untrained calls.
+func decisions(sessions ...string) *trace.StepDecisions {
+	d := &trace.StepDecisions{Strategy: "prefix_merging", Advantage: "rloo", PadMultiple: 64, PassCost: 512.5}
+	for i, id := range sessions {
+		d.Sessions = append(d.Sessions, trace.SessionDecision{ID: id, Advantage: 0.1 + float64(i)/3, Calls: 4,
+			Untrained: []trace.UntrainedCalls{{First: 1, Count: 2, Reason: "stale: policy version 1, older than 2"}}})
+	}
+	return d
 }
 
 // PolicyVersions checks trace.PolicyVersions: 0 until set, then the last version set,

@@ -19,7 +19,7 @@ import pytest
 
 from floe_bridge import MICRO_BATCH_SCHEMA, MicroBatchMeta
 
-# The hand-made micro-batch (DESIGN.md rules: DFS pre-order, position_ids = depth,
+# The hand-made micro-batch (docs/batcher.md "Arrow" rules: DFS pre-order, position_ids = depth,
 # pred_idx = parent row, padding rows subtree_end = i+1 / pred_idx = -1):
 #
 #   row: 0 -> 1 -> 2          shared prompt (no loss)

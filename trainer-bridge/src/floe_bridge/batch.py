@@ -2,7 +2,7 @@
 
 Rows are tokens in DFS pre-order of a token forest. Row ``k`` is visible to row ``q`` iff
 ``k <= q < subtree_end[k]``; ``pred_idx[t]`` is the row whose output predicts token ``t``
-(its parent), ``-1`` at roots and on padding rows. See DESIGN.md, "Arrow schema".
+(its parent), ``-1`` at roots and on padding rows. See docs/batcher.md, "Arrow".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Arrow schemas floe serves to the trainer (DESIGN.md, "Arrow schema").
+"""The Arrow schemas floe serves to the trainer (docs/batcher.md, "Arrow").
 
 Declared once here; everything else in the bridge refers to these objects.
 """
@@ -54,7 +54,7 @@ OPTIONAL_COLUMNS: dict[str, float] = {"temperature": 1.0, "num_truncated_calls":
 #: Record-batch metadata key; its value is a JSON object with METADATA_FIELDS.
 METADATA_KEY: bytes = b"floe"
 
-#: The keys of the ``floe`` metadata JSON, in the order DESIGN.md lists them.
+#: The keys of the ``floe`` metadata JSON, in the order docs/batcher.md ("Arrow") lists them.
 METADATA_FIELDS: tuple[str, ...] = (
     "step",
     "rank",
