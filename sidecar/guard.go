@@ -93,13 +93,19 @@ func PauseExpired(log *slog.Logger) func(time.Duration) {
 // one: on loopback it is open to every local process, a harness's sandbox included when
 // it shares the host's network namespace.
 func warnOpenListeners(cfg Config, log *slog.Logger) {
-	if cfg.ControlToken == "" {
-		log.Warn("the control API has no token: any process that reaches "+cfg.ControlAddr+" (a sandbox sharing the host's network namespace too) can pause, resume and finish sessions; set one with -control-token-file FILE or $"+ControlTokenEnv,
-			"control_addr", cfg.ControlAddr)
-	}
+	WarnOpenControl(cfg, log)
 	if cfg.FlightToken == "" {
 		log.Warn("Flight has no token: any process that reaches "+cfg.FlightAddr+" (a sandbox sharing the host's network namespace too) can commit steps and pause rollouts; set one with -flight-token-file FILE or $"+FlightTokenEnv,
 			"flight_addr", cfg.FlightAddr)
+	}
+}
+
+// WarnOpenControl logs, when the control listener has no token, how to set one (floe
+// serve and floe proxy).
+func WarnOpenControl(cfg Config, log *slog.Logger) {
+	if cfg.ControlToken == "" {
+		log.Warn("the control API has no token: any process that reaches "+cfg.ControlAddr+" (a sandbox sharing the host's network namespace too) can pause, resume and finish sessions; set one with -control-token-file FILE or $"+ControlTokenEnv,
+			"control_addr", cfg.ControlAddr)
 	}
 }
 

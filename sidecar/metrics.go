@@ -79,7 +79,7 @@ func NewMetrics(st State) *Metrics {
 	f := promauto{m.reg}
 	m.calls = f.counterVec("floe_calls_recorded_total", "Model calls recorded, by API kind and whether they are trainable.", "api", "trainable")
 	m.samplingOverrides = f.counterVec("floe_sampling_overrides_total", "Sampling parameters the proxy overrode under --sampling force, by API kind and parameter (temperature, top_p).", "api", "param")
-	m.samplingTruncated = f.counterVec("floe_calls_truncated_sampling_total", "Calls recorded with top_p < 1, top_k > 0 or greedy decoding, whose processed log-probs the trainer cannot reproduce, by API kind.", "api")
+	m.samplingTruncated = f.counterVec("floe_calls_truncated_sampling_total", "Calls recorded with top_p < 1, top_k > 0, min_p > 0 or greedy decoding, whose processed log-probs the trainer cannot reproduce (untrainable unless -train-truncated), by API kind.", "api")
 	m.proxyErrors = f.counterVec("floe_proxy_errors_total", "Errors the proxy answered, by API kind and error kind.", "api", "kind")
 	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_upstream_latency_seconds",
 		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})

@@ -36,6 +36,13 @@ type Options struct {
 	// ProxyCommand starts floe's proxy as a child process: the argv of a program that
 	// calls ServeFromEnv when ServeEnv is set in its environment (floe-bench proxy).
 	ProxyCommand []string
+	// BeforeCommand, when set, starts another build of floe's proxy the same way (a
+	// floe-bench of an earlier commit, floe-bench proxy -before), measured in the same run
+	// beside ProxyCommand's: each latency sample goes direct, through it and through
+	// ProxyCommand's, alternately, and each throughput phase runs against both. Its rows
+	// are named BeforeName.
+	BeforeCommand []string
+	BeforeName    string
 	// LiteLLM, when set, is the litellm command (from its own venv) to measure beside floe,
 	// with LiteLLMRequests sequential requests per mode (it is 20-70x slower).
 	LiteLLM         string
@@ -200,19 +207,51 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: opt.Concurrency + 8, MaxIdleConns: 4 * (opt.Concurrency + 8)}}
 	defer client.CloseIdleConnections()
 	rep := &Report{Options: opt}
+	var err error
 
-	lat, err := startFloe(ctx, opt, up.URL, -1, "", opt.LatencyProcs)
-	if err != nil {
-		return nil, err
+	floe := target{name: "floe", command: opt.ProxyCommand}
+	var before *target
+	if len(opt.BeforeCommand) > 0 {
+		if opt.BeforeName == "" || opt.BeforeName == "floe" || opt.BeforeName == "LiteLLM" {
+			return nil, fmt.Errorf("BeforeName %q: want a name of its own for the earlier build", opt.BeforeName)
+		}
+		before = &target{name: opt.BeforeName, command: opt.BeforeCommand}
 	}
-	thr, err := startFloe(ctx, opt, up.URL, -1, opt.CPUProfile, 1)
-	if err != nil {
-		lat.stop()
-		return nil, err
+	var started []*child
+	defer func() {
+		for _, c := range started {
+			c.stop()
+		}
+	}()
+	for _, tg := range []*target{&floe, before} {
+		if tg == nil {
+			continue
+		}
+		o := opt
+		o.ProxyCommand = tg.command
+		var err error
+		if tg.lat, err = startFloe(ctx, o, up.URL, -1, "", opt.LatencyProcs); err != nil {
+			return nil, err
+		}
+		started = append(started, tg.lat)
+		profile := opt.CPUProfile
+		if tg != &floe {
+			profile = ""
+		}
+		if tg.thr, err = startFloe(ctx, o, up.URL, -1, profile, 1); err != nil {
+			return nil, err
+		}
+		started = append(started, tg.thr)
 	}
-	err = measure(ctx, opt, rep, client, "floe", up.URL, lat, thr, opt.Dialects, max(opt.Requests, 1))
-	lat.stop()
-	thr.stop()
+	if before == nil {
+		err = measure(ctx, opt, rep, client, "floe", up.URL, floe.lat, floe.thr, opt.Dialects, max(opt.Requests, 1))
+	} else {
+		err = measureSideBySide(ctx, opt, rep, client, up.URL, *before, floe, opt.Dialects, max(opt.Requests, 1))
+	}
+	for _, c := range started {
+		c.stop()
+	}
+	started = nil
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +330,86 @@ func measure(ctx context.Context, opt Options, rep *Report, client *http.Client,
 			}
 			rep.Throughputs = append(rep.Throughputs, t)
 			opt.progress("%s %s %d KiB: %.0f requests/s, %.3f ms CPU per request, %d errors", name, d, size>>10, t.PerSecond, t.CPUPerCall, t.Errors)
+		}
+	}
+	return nil
+}
+
+// target is one build of floe's proxy: its latency and throughput children.
+type target struct {
+	name     string
+	command  []string
+	lat, thr *child
+}
+
+// measureSideBySide is measure for two builds of floe's proxy at once: each latency
+// sample goes straight to the upstream and through both proxies, the two in turn first,
+// so that both see the same machine; each throughput phase runs against both, the two in
+// turn first.
+func measureSideBySide(ctx context.Context, opt Options, rep *Report, client *http.Client, direct string, a, b target, dialects []Dialect, n int) error {
+	turn := 0
+	for _, d := range dialects {
+		for _, size := range opt.Sizes {
+			for _, stream := range []bool{false, true} {
+				rq := request{path: d.path(stream), body: Body(d, size, stream)}
+				for _, tg := range []target{a, b} {
+					if err := call(ctx, client, tg.lat.url, tg.lat.key(0), rq); err != nil {
+						return fmt.Errorf("%s %s %d bytes stream=%v: %w", tg.name, d, size, stream, err)
+					}
+				}
+				var directs, viaA, viaB []time.Duration
+				for i := 0; i < n; i++ {
+					order := []int{0, 1, 2} // direct, a, b
+					if i%2 == 1 {
+						order = []int{0, 2, 1}
+					}
+					for _, k := range order {
+						url := direct
+						switch k {
+						case 1:
+							url = a.lat.url
+						case 2:
+							url = b.lat.url
+						}
+						t0 := time.Now()
+						if err := call(ctx, client, url, benchKey(0), rq); err != nil {
+							return fmt.Errorf("%s %d bytes stream=%v to %s: %w", d, size, stream, url, err)
+						}
+						took := time.Since(t0)
+						switch k {
+						case 0:
+							directs = append(directs, took)
+						case 1:
+							viaA = append(viaA, took)
+						case 2:
+							viaB = append(viaB, took)
+						}
+					}
+				}
+				dp50, dp99 := percentile(directs, 0.5), percentile(directs, 0.99)
+				for _, v := range []struct {
+					name string
+					via  []time.Duration
+				}{{a.name, viaA}, {b.name, viaB}} {
+					l := Latency{Proxy: v.name, Dialect: d, Size: size, Stream: stream, DirectP50: dp50, DirectP99: dp99,
+						ProxyP50: percentile(v.via, 0.5), ProxyP99: percentile(v.via, 0.99)}
+					rep.Latencies = append(rep.Latencies, l)
+					opt.progress("%s %s %d KiB stream=%v: added p50 %.3f ms, p99 %.3f ms", v.name, d, size>>10, stream, l.ProxyP50-l.DirectP50, l.ProxyP99-l.DirectP99)
+				}
+			}
+			pair := []target{a, b}
+			if turn%2 == 1 {
+				pair = []target{b, a}
+			}
+			turn++
+			for _, tg := range pair {
+				t := Throughput{Proxy: tg.name, Dialect: d, Size: size}
+				if err := throughput(ctx, opt, client, tg.thr, request{path: d.path(true), body: Body(d, size, true)}, &t); err != nil {
+					return err
+				}
+				rep.Throughputs = append(rep.Throughputs, t)
+				opt.progress("%s %s %d KiB: %.0f requests/s, %.3f ms CPU per request, %d errors", tg.name, d, size>>10, t.PerSecond, t.CPUPerCall, t.Errors)
+			}
 		}
 	}
 	return nil

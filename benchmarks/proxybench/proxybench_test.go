@@ -71,3 +71,38 @@ func TestBodiesAreAgentHistoriesOfTheSize(t *testing.T) {
 		}
 	}
 }
+
+// TestRunSideBySide: with BeforeCommand (here the same build, under another name) both
+// proxies are measured in one run, sample for sample, each under its own name, and the
+// report compares them row by row.
+func TestRunSideBySide(t *testing.T) {
+	rep, err := Run(context.Background(), Options{Dialects: []Dialect{Chat, Gemini}, Sizes: []int{16 << 10}, Requests: 5, StreamChunks: 8,
+		Concurrency: 4, Duration: 200 * time.Millisecond, ProxyCommand: []string{os.Args[0]}, BeforeCommand: []string{os.Args[0]}, BeforeName: "earlier"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Latencies) != 2*2*2 || len(rep.Throughputs) != 2*2 {
+		t.Fatalf("%d latencies, %d throughputs; want both builds' rows", len(rep.Latencies), len(rep.Throughputs))
+	}
+	for _, name := range []string{"earlier", "floe"} {
+		for _, d := range []Dialect{Chat, Gemini} {
+			for _, stream := range []bool{false, true} {
+				if l := rep.latency(name, d, 16<<10, stream); l == nil || l.Err != "" || l.ProxyP50 <= 0 || l.DirectP50 <= 0 {
+					t.Errorf("%s %s stream=%v: %+v", name, d, stream, l)
+				}
+			}
+			if tp := rep.throughput(name, d, 16<<10); tp == nil || tp.Requests == 0 || tp.Errors != 0 {
+				t.Errorf("%s %s throughput: %+v", name, d, tp)
+			}
+		}
+	}
+	table := rep.Table()
+	for _, want := range []string{"| dialect | request | mode | added p50 ms, earlier / now |", "| Gemini → chat | 16 KiB | streaming |", "| earlier | OpenAI chat | 16 KiB |"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("no %q in the report:\n%s", want, table)
+		}
+	}
+	if _, err := Run(context.Background(), Options{ProxyCommand: []string{os.Args[0]}, BeforeCommand: []string{os.Args[0]}, BeforeName: "floe"}); err == nil {
+		t.Error("a before build named floe: no error")
+	}
+}

@@ -60,10 +60,54 @@ func (r *Report) Met(d Dialect, size int) bool {
 }
 
 func (r *Report) proxies() []string {
-	if r.LiteLLM != "" {
-		return []string{"floe", "LiteLLM"}
+	var ps []string
+	if r.Options.BeforeName != "" {
+		ps = append(ps, r.Options.BeforeName)
 	}
-	return []string{"floe"}
+	ps = append(ps, "floe")
+	if r.LiteLLM != "" {
+		ps = append(ps, "LiteLLM")
+	}
+	return ps
+}
+
+// SideBySide compares the earlier build (Options.BeforeName) with this one, measured in
+// the same run: added latency and CPU per request, and this build's over the earlier
+// one's. Empty when no earlier build was measured.
+func (r *Report) SideBySide() string {
+	before := r.Options.BeforeName
+	if before == "" {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| dialect | request | mode | added p50 ms, %s / now | now / %s | added p99 ms, %s / now | CPU ms per request, %s / now |\n|---|---:|---|---:|---:|---:|---:|\n",
+		before, before, before, before)
+	for _, d := range r.Options.Dialects {
+		for _, size := range r.Options.Sizes {
+			for _, stream := range []bool{false, true} {
+				was, now := r.latency(before, d, size, stream), r.latency("floe", d, size, stream)
+				if was == nil || now == nil || was.Err != "" || now.Err != "" {
+					continue
+				}
+				mode := "non-streaming"
+				cpu := ""
+				if stream {
+					mode = "streaming"
+					if tw, tn := r.throughput(before, d, size), r.throughput("floe", d, size); tw != nil && tn != nil {
+						cpu = fmt.Sprintf("%.3f / %.3f", tw.CPUPerCall, tn.CPUPerCall)
+					}
+				}
+				wasAdded, nowAdded := was.ProxyP50-was.DirectP50, now.ProxyP50-now.DirectP50
+				ratio := ""
+				if wasAdded > 0 {
+					ratio = fmt.Sprintf("%.2f", nowAdded/wasAdded)
+				}
+				fmt.Fprintf(&b, "| %s | %d KiB | %s | %.3f / %.3f | %s | %.3f / %.3f | %s |\n", d.Label(), size>>10, mode,
+					wasAdded, nowAdded, ratio, was.ProxyP99-was.DirectP99, now.ProxyP99-now.DirectP99, cpu)
+			}
+		}
+	}
+	return b.String()
 }
 
 // Summary is the cost per dialect: one row per proxy, dialect and size.
@@ -129,6 +173,12 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "Requests: an agent's multi-turn history with tool calls and tool results, in each dialect; streamed answers of %d chunks; %d requests each way per row (LiteLLM: %d); throughput phases of %s.\n\n",
 		r.Options.StreamChunks, r.Options.Requests, r.Options.LiteLLMRequests, r.Options.Duration)
 	fmt.Fprintf(&b, "Targets (floe): at 64 KiB added p50 ≤ %.0f ms and p99 ≤ %.0f ms, both modes; CPU per request ≤ %.0fx the chat path's at every size.\n\n", TargetP50, TargetP99, TargetCPURatio)
+	if sbs := r.SideBySide(); sbs != "" {
+		fmt.Fprintf(&b, "%s (an earlier build of floe's proxy) and this one (floe), in one run: each sample goes direct, through %s and through floe, the two in turn first; CPU per request from the throughput phases (streaming, 1 core):\n\n",
+			r.Options.BeforeName, r.Options.BeforeName)
+		b.WriteString(sbs)
+		b.WriteString("\n")
+	}
 	b.WriteString(r.Summary())
 	b.WriteString("\nEvery latency, in ms (direct: the same request straight to the fake upstream; alternately, in one run):\n\n")
 	b.WriteString("| proxy | dialect | request | mode | direct p50 | via proxy p50 | added p50 | direct p99 | via proxy p99 | added p99 |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n")

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
+	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -33,7 +33,8 @@ type ServeConfig struct {
 }
 
 // ServeFromEnv serves floe's proxy as floe proxy does (every dialect, the vLLM engine,
-// calls recorded in memory under a retention limit), in front of the configured
+// calls recorded in memory under a retention limit, floe proxy's default limits, its
+// connections bounded by the descriptor limit), in front of the configured
 // upstream, when ServeEnv is set: it prints "serving URL" on stdout and serves until ctx
 // ends. It reports whether it served (false: ServeEnv is not set).
 func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
@@ -53,8 +54,13 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	if err != nil {
 		return true, err
 	}
+	log := slog.New(slog.DiscardHandler)
+	def := sidecar.DefaultConfig()
+	// The latency phase sends thousands of calls with one key, GiBs past a session's
+	// -max-session-bytes: the quota is still counted and checked on every call, never met.
+	def.ProxyLimits.MaxSessionBytes = 1 << 62
 	srv := &proxy.Server{Dialects: providers.Dialects(), Engine: eng, Sessions: store, Recorder: store,
-		Gate: &proxy.Gate{}, Log: slog.New(slog.DiscardHandler)}
+		Gate: &proxy.Gate{}, Log: log, Limits: def.ProxyLimits}
 	if cfg.CPUProfile != "" {
 		f, err := os.Create(cfg.CPUProfile)
 		if err != nil {
@@ -73,10 +79,11 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	if err != nil {
 		return true, fmt.Errorf("proxy listen: %w", err)
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second}
+	// floe proxy's http.Server: its connections counted and capped (proxy.ConnLimiter).
+	hs, conns := sidecar.ProxyHTTPServer(def, srv, log)
 	fmt.Fprintf(stdout, "serving http://%s\n", lis.Addr())
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(lis) }() // owned here: Shutdown below ends it
+	go func() { errc <- hs.Serve(conns.Listener(lis)) }() // owned here: Shutdown below ends it
 	select {
 	case err := <-errc:
 		return true, err

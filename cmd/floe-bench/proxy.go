@@ -45,6 +45,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	maxStored := fs.Int64("max-stored-bytes", 256<<20, "the in-memory store's retention limit (floe proxy's default)")
 	profile := fs.String("cpuprofile", "", "write the proxy's CPU profile of the throughput phases (on one core) to this file")
 	latProcs := fs.Int("latency-procs", 0, "GOMAXPROCS of floe's proxy in the latency phase; 0: Go's default (every core), as floe proxy runs")
+	before := fs.String("before", "", "a floe-bench binary built at an earlier commit: its proxy is measured in the same run beside this one's, sample for sample (-before-name names its rows)")
+	beforeName := fs.String("before-name", "before", "the name of -before's rows (e.g. its commit)")
 	out := fs.String("out", "", "also write the report (Markdown) to this file")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
@@ -71,13 +73,19 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("finding floe-bench to run the proxy: %w", err)
 	}
+	var beforeCmd []string
+	if *before != "" {
+		beforeCmd = []string{*before, "proxy"}
+	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	rep, err := proxybench.Run(ctx, proxybench.Options{Dialects: ds, Sizes: sz, Requests: *n, StreamChunks: *chunks,
-		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, LiteLLM: *litellm, LiteLLMRequests: *llN,
-		Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile, LatencyProcs: *latProcs, Progress: stderr})
+		Concurrency: *conc, Duration: *dur, ProxyCommand: []string{exe, "proxy"}, BeforeCommand: beforeCmd, BeforeName: *beforeName,
+		LiteLLM: *litellm, LiteLLMRequests: *llN, Memory: *mem, MaxStoredBytes: *maxStored, CPUProfile: *profile,
+		LatencyProcs: *latProcs, Progress: stderr})
 	if err != nil {
 		return err
 	}
+	loadEnd, _ := os.ReadFile("/proc/loadavg")
 	table := rep.Table()
 	fmt.Fprint(stdout, table)
 	if *out != "" {
@@ -89,13 +97,22 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if *latProcs > 0 {
 			cmd += fmt.Sprintf(" -latency-procs %d", *latProcs)
 		}
-		doc := fmt.Sprintf("# Proxy cost benchmark\n\nCommand: `%s` (`make bench-proxy`)\n\nMachine: %s. floe's proxy runs as a child process: with %s for the latency phase, and with GOMAXPROCS=1 for the throughput phase and its CPU per request; the fake upstream and the clients run in the benchmark's process. "+
+		if *dialects != "" {
+			cmd += " -dialects " + *dialects
+		}
+		title, how := "Proxy cost benchmark", "(`make bench-proxy`)"
+		if *before != "" {
+			cmd += fmt.Sprintf(" -before floe-bench-%s -before-name %s", *beforeName, *beforeName)
+			title = "Proxy cost benchmark: " + *beforeName + " and this build side by side"
+			how = fmt.Sprintf("(floe-bench-%s: `go build ./cmd/floe-bench` in a worktree at %s; load average at the end: %s)", *beforeName, *beforeName, loadAverage(loadEnd))
+		}
+		doc := fmt.Sprintf("# %s\n\nCommand: `%s` %s\n\nMachine: %s. floe's proxy runs as a child process: with %s for the latency phase, and with GOMAXPROCS=1 for the throughput phase and its CPU per request; the fake upstream and the clients run in the benchmark's process. "+
 			"The proxy, the fake upstream and the clients share the machine's cores (load average (1, 5, 15 min) at the start: "+loadAverage(load)+"): compare rows of one run, and read ratios rather than absolute figures.\n\n"+
 			"Each request goes straight to a zero-latency fake vLLM and through the proxy in front of it, alternately, in one run; \"added\" is the difference. "+
 			"CPU per request is the proxy process's user+system time (/proc) over a throughput phase, divided by the requests it completed. "+
 			"LiteLLM runs as its own proxy (`litellm --num_workers 1`, the fake upstream as its `hosted_vllm` provider, one Python process); where it cannot serve a dialect, the row says what it answered. "+
 			"The profiles behind the optimisations: [PROFILE.md](PROFILE.md).\n\n%s",
-			cmd, machine(), latencyProcs(*latProcs), table)
+			title, cmd, how, machine(), latencyProcs(*latProcs), table)
 		if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 			return fmt.Errorf("report: %w", err)
 		}

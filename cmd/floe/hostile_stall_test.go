@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -137,4 +139,82 @@ func (p *floeProc) get(t *testing.T, path string) map[string]any {
 		t.Fatalf("GET %s: %v", path, err)
 	}
 	return out
+}
+
+// TestHostileHarnessTrickledBody runs the real floe serve binary with one slot for model
+// calls (-max-inflight 1) and plays a harness that trickles its body a byte at a time, well
+// within -client-idle-timeout. While the body arrives the call holds no slot: another
+// session's call is answered meanwhile (on 9eafcf5 the trickle held the only slot, and it
+// got 429), and the harness's own next call is refused, since a session has
+// -max-inflight-per-session places to read bodies in. However steadily it trickles, the
+// body is cut off at -client-body-timeout (408 naming the flag), and nothing of it
+// reaches upstream.
+func TestHostileHarnessTrickledBody(t *testing.T) {
+	up, upstreamCalls := countingEngine()
+	defer up.Close()
+	f := startFloe(t, "-data-dir", t.TempDir(), "-proxy-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0", "-upstream", up.URL,
+		"-max-inflight", "1", "-max-inflight-per-session", "1", "-client-idle-timeout", "3s", "-client-body-timeout", "4s")
+	hostile := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)["api_key"].(string)
+	other := f.post(t, "/floe/v1/sessions", "", `{"task_id": "t"}`)["api_key"].(string)
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.proxy, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A hang guard only: the answer is due at -client-body-timeout.
+	_ = conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: floe\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n", hostile, 1<<20)
+	// floe asks for the body (100 Continue) when it starts reading it: the call is
+	// authenticated and admitted to read.
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("floe did not ask for the body: %q %v\n%s", line, err, f.logs)
+	}
+	if line, err := br.ReadString('\n'); err != nil || line != "\r\n" {
+		t.Fatalf("after 100 Continue: %q %v", line, err)
+	}
+	stop := make(chan struct{})
+	trickled := make(chan struct{})
+	go func() { // owned here: ends when stop closes, or at the connection's end
+		defer close(trickled)
+		if _, err := io.WriteString(conn, `{"model":"x","messages":[{"role":"user","content":"`); err != nil {
+			return
+		}
+		tick := time.NewTicker(200 * time.Millisecond) // a byte every 0.2 s: never silent for -client-idle-timeout
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := io.WriteString(conn, "x"); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	defer func() { close(stop); <-trickled }()
+
+	// While the body trickles, another session's call takes the only slot.
+	if code, _, answer := harnessCall(t, f.proxy, chatPath, other, strings.NewReader(chatBody(""))); code != 200 {
+		t.Errorf("another session's call while a body trickles: %d %s; want 200 (a body being read holds no slot)", code, answer)
+	}
+	// The harness's own second call finds its session's one reading place taken.
+	if code, _, answer := harnessCall(t, f.proxy, chatPath, hostile, strings.NewReader(chatBody(""))); code != http.StatusTooManyRequests {
+		t.Errorf("the trickling session's second call: %d %s; want 429", code, answer)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer to the trickled body: %v\n%s", err, f.logs)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(answer), "-client-body-timeout") {
+		t.Errorf("the trickled body: %d %s; want 408 naming -client-body-timeout", resp.StatusCode, answer)
+	}
+	if n := upstreamCalls.Load(); n != 1 {
+		t.Errorf("%d calls reached upstream; want 1, the other session's", n)
+	}
 }

@@ -101,7 +101,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Metrics: retentionMetrics{store}}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
-	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "upstreams", eng.Status())
+	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "control_token", cfg.ControlToken != "",
+		"upstreams", eng.Status())
+	// As floe serve does: without a token the control API is open to every local process.
+	sidecar.WarnOpenControl(cfg, log)
 	hs, conns := sidecar.ProxyHTTPServer(cfg, srv, log) // connections bounded by the descriptor limit
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	p := pool.New().WithContext(ctx).WithCancelOnError()

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"reflect"
@@ -66,6 +70,46 @@ func TestProxyMaxStoredBytesDropsOldestCalls(t *testing.T) {
 			}
 			if m := string(get("/metrics")); !strings.Contains(m, tc.wantDropped) {
 				t.Errorf("metrics lack %q:\n%s", tc.wantDropped, m)
+			}
+		})
+	}
+}
+
+// TestProxyWarnsWithoutControlToken: floe proxy, like floe serve, logs a WARN saying how
+// to set the control token when its control listener has none (any local process, a
+// sandbox sharing the host's network namespace too, could finish its sessions), and none
+// when it has one.
+func TestProxyWarnsWithoutControlToken(t *testing.T) {
+	up := fakeEngine()
+	defer up.Close()
+	for _, tc := range []struct {
+		name, token string
+		warn        bool
+	}{{"no token", "", true}, {"token", "c-tok", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("FLOE_CONTROL_TOKEN", tc.token)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			outR, outW := io.Pipe()
+			var stderr bytes.Buffer // read once runProxy has returned
+			done := make(chan error, 1)
+			go func() { // owned here: ends once ctx is cancelled below
+				done <- runProxy(ctx, []string{"-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL}, outW, &stderr)
+				outW.Close()
+			}()
+			if _, err := bufio.NewReader(outR).ReadString('\n'); err != nil {
+				t.Fatalf("floe proxy announced nothing: %v", err)
+			}
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatalf("floe proxy: %v\n%s", err, stderr.String())
+			}
+			warned := false
+			for _, line := range strings.Split(stderr.String(), "\n") {
+				warned = warned || (strings.Contains(line, "level=WARN") && strings.Contains(line, "-control-token-file FILE or $FLOE_CONTROL_TOKEN"))
+			}
+			if warned != tc.warn {
+				t.Errorf("WARN naming how to set the control token: %v, want %v\n%s", warned, tc.warn, stderr.String())
 			}
 		})
 	}
