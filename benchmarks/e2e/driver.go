@@ -23,6 +23,9 @@ type Driver struct {
 	Control   string // floe's control API base URL (/floe/v1), http://host:port
 	RefServer string // the reference server's base URL (without /v1)
 	Model     string // model name sent in requests
+	// Dialect is the API the calls are sent in: "chat" (OpenAI Chat, the default) or
+	// "responses" (OpenAI Responses, the whole history as input items).
+	Dialect string
 	// Concurrency bounds the sessions in flight (default 8).
 	Concurrency int
 	Client      *http.Client // nil: http.DefaultClient
@@ -77,31 +80,16 @@ func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *a
 	outputs := make([]Output, len(s.Calls))
 	for i, c := range s.Calls {
 		outputs[i] = c.Output
-		outputs[i].Match = &Match{Contains: s.Tag}
+		if s.Tag != "" { // untagged: one session at a time takes the outputs in order
+			outputs[i].Match = &Match{Contains: s.Tag}
+		}
 	}
 	if err := d.post(ctx, d.RefServer+"/script", "", map[string]any{"outputs": outputs}, nil); err != nil {
 		return fmt.Errorf("scripting the reference server: %w", err)
 	}
 	for i, c := range s.Calls {
-		body, err := c.Body(d.Model)
-		if err != nil {
-			return err
-		}
-		var answer struct {
-			Choices []struct {
-				FinishReason string `json:"finish_reason"`
-				Message      struct {
-					Content   *string           `json:"content"`
-					ToolCalls []json.RawMessage `json:"tool_calls"`
-				} `json:"message"`
-			} `json:"choices"`
-		}
-		if err := d.post(ctx, d.Proxy+"/v1/chat/completions", created.APIKey, json.RawMessage(body), &answer); err != nil {
+		if err := d.call(ctx, c, created.APIKey); err != nil {
 			return fmt.Errorf("call %d: %w", i, err)
-		}
-		if len(answer.Choices) != 1 || len(answer.Choices[0].Message.ToolCalls) != len(c.Output.ToolCalls) {
-			return fmt.Errorf("call %d: the answer is not the scripted output (%d choices; want %d tool calls): is the server in script mode, and is another client taking its outputs?",
-				i, len(answer.Choices), len(c.Output.ToolCalls))
 		}
 		n := calls.Add(1)
 		if d.Progress != nil {
@@ -112,6 +100,70 @@ func (d *Driver) session(ctx context.Context, s Session, groupSize int, calls *a
 	}
 	return d.post(ctx, d.Control+"/floe/v1/sessions/"+created.SessionID+"/finish", "",
 		map[string]any{"reward": s.Reward, "status": s.Status}, nil)
+}
+
+// call sends one call in the driver's dialect and checks that the answer is the scripted
+// output.
+func (d *Driver) call(ctx context.Context, c Call, key string) error {
+	if d.Dialect == "responses" {
+		body, err := c.ResponsesBody(d.Model)
+		if err != nil {
+			return err
+		}
+		var answer struct {
+			Output []struct {
+				Type string `json:"type"`
+			} `json:"output"`
+		}
+		if err := d.post(ctx, d.Proxy+"/v1/responses", key, json.RawMessage(body), &answer); err != nil {
+			return err
+		}
+		calls := 0
+		for _, it := range answer.Output {
+			if it.Type == "function_call" {
+				calls++
+			}
+		}
+		if !c.Output.answeredBy(calls) {
+			return fmt.Errorf("the answer is not the scripted output (%d function calls; want %d): is the server in script mode, and is another client taking its outputs?",
+				calls, len(c.Output.ToolCalls))
+		}
+		return nil
+	}
+	body, err := c.Body(d.Model)
+	if err != nil {
+		return err
+	}
+	var answer struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+			Message      struct {
+				Content   *string           `json:"content"`
+				ToolCalls []json.RawMessage `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := d.post(ctx, d.Proxy+"/v1/chat/completions", key, json.RawMessage(body), &answer); err != nil {
+		return err
+	}
+	if len(answer.Choices) != 1 || !c.Output.answeredBy(len(answer.Choices[0].Message.ToolCalls)) {
+		return fmt.Errorf("the answer is not the scripted output (%d choices; want %d tool calls): is the server in script mode, and is another client taking its outputs?",
+			len(answer.Choices), len(c.Output.ToolCalls))
+	}
+	return nil
+}
+
+// answeredBy reports whether an answer with this many tool calls can be o's. Real
+// rollouts hold outputs a server parses otherwise than the recording did: text with a
+// tool call in the server's own format (a hermes-style call the harness's parser did not
+// take) is parsed into one more call, and calls after an unclosed <think> (a model that
+// called a tool mid-thought) are parsed as reasoning. The tokens are the same either way.
+func (o Output) answeredBy(toolCalls int) bool {
+	lo, hi := len(o.ToolCalls), len(o.ToolCalls)+strings.Count(o.Content, "<tool_call>")
+	if strings.Contains(o.Content, "<think>") && !strings.Contains(o.Content, "</think>") {
+		lo = 0
+	}
+	return lo <= toolCalls && toolCalls <= hi
 }
 
 func (d *Driver) post(ctx context.Context, url, key string, body, out any) error {

@@ -109,6 +109,75 @@ func (c Call) Body(model string) ([]byte, error) {
 	return json.Marshal(body)
 }
 
+// ResponsesBody is the OpenAI Responses request body of the call for model: the same
+// conversation as Body's as input items, as a stateless harness sends it (store false,
+// the whole history every call). An assistant message becomes its reasoning item (the
+// text as reasoning_text content), its message item and its function_call items, which
+// floe's Responses dialect folds back into one assistant turn; a tool message becomes a
+// function_call_output item.
+func (c Call) ResponsesBody(model string) ([]byte, error) {
+	chatTools := json.RawMessage(nil)
+	if c.Tools != nil {
+		chatTools = c.Tools
+	} else {
+		raw, err := json.Marshal(tools)
+		if err != nil {
+			return nil, err
+		}
+		chatTools = raw
+	}
+	var ct []struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name        string          `json:"name"`
+			Description string          `json:"description,omitempty"`
+			Parameters  json.RawMessage `json:"parameters,omitempty"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(chatTools, &ct); err != nil {
+		return nil, fmt.Errorf("tools: %w", err)
+	}
+	rtools := make([]map[string]any, 0, len(ct))
+	for _, t := range ct {
+		rt := map[string]any{"type": "function", "name": t.Function.Name}
+		if t.Function.Description != "" {
+			rt["description"] = t.Function.Description
+		}
+		if t.Function.Parameters != nil {
+			rt["parameters"] = t.Function.Parameters
+		}
+		rtools = append(rtools, rt)
+	}
+	var input []map[string]any
+	for _, m := range c.Messages {
+		switch m.Role {
+		case "assistant":
+			if m.ReasoningContent != "" {
+				input = append(input, map[string]any{"type": "reasoning", "summary": []any{},
+					"content": []map[string]any{{"type": "reasoning_text", "text": m.ReasoningContent}}})
+			}
+			if m.Content != "" || (m.ReasoningContent == "" && len(m.ToolCalls) == 0) {
+				input = append(input, map[string]any{"type": "message", "role": "assistant",
+					"content": []map[string]any{{"type": "output_text", "text": m.Content}}})
+			}
+			for _, tc := range m.ToolCalls {
+				input = append(input, map[string]any{"type": "function_call", "call_id": tc.ID,
+					"name": tc.Function.Name, "arguments": tc.Function.Arguments})
+			}
+		case "tool":
+			input = append(input, map[string]any{"type": "function_call_output", "call_id": m.ToolCallID, "output": m.Content})
+		default:
+			input = append(input, map[string]any{"type": "message", "role": m.Role, "content": m.Content})
+		}
+	}
+	body := map[string]any{"model": model, "input": input, "tools": rtools, "max_output_tokens": c.MaxTokens,
+		"temperature": 1.0, "store": false}
+	if len(c.ToolChoice) > 0 && c.ToolChoice[0] == '"' { // "auto", "none", "required": the same in both APIs
+		body["tool_choice"] = c.ToolChoice
+	}
+	return json.Marshal(body)
+}
+
 // FromCorpus turns the synthetic corpus's token-level sessions into conversations the
 // reference server can replay. Every content token becomes a word (id mod the word list),
 // so a turn keeps its length in tokens within the reference tokenizer's merges, and every

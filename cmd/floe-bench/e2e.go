@@ -223,31 +223,17 @@ func (b *benchE2E) sessionsToReplay() ([]e2e.Session, string, error) {
 // replay starts the reference server and a floe that records without forming steps,
 // and replays the sessions through it into dataDir.
 func (b *benchE2E) replay(ctx context.Context, sessions []e2e.Session, dataDir string) error {
-	ref, err := b.startRefServer(ctx)
+	p := b.procs()
+	ref, err := p.startRefServer(ctx, b.maxModelLen)
 	if err != nil {
 		return err
 	}
 	defer ref.stop()
-	cfg := sidecar.DefaultConfig()
-	cfg.DataDir, cfg.ProxyAddr, cfg.ControlAddr, cfg.FlightAddr, cfg.Upstream = dataDir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", ref.base
-	// Record only: no step is formed, so every strategy later forms its steps from the
-	// same complete groups.
-	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.GroupTimeout = 1<<30, 1, 0
-	f, err := b.startFloe(ctx, cfg, "replay")
-	if err != nil {
-		return err
-	}
-	defer f.stop()
-	d := &e2e.Driver{Proxy: f.addrs.Proxy, Control: f.addrs.Control, RefServer: ref.base, Model: "floe-ref", Concurrency: b.concurrency}
-	began := time.Now()
-	last := time.Time{}
-	d.Progress = func(n int) {
-		if time.Since(last) > 2*time.Second || n == b.calls {
-			last = time.Now()
-			b.progress("replay: %d/%d calls, %.0fs", n, b.calls, time.Since(began).Seconds())
-		}
-	}
-	return d.Run(ctx, sessions)
+	return p.record(ctx, ref, sessions, dataDir, "replay", &e2e.Driver{Model: "floe-ref", Concurrency: b.concurrency})
+}
+
+func (b *benchE2E) procs() benchProcs {
+	return benchProcs{work: b.work, python: b.python, progress: b.progress}
 }
 
 // train runs one strategy: a floe on a copy of the recorded data dir, the trainer for
@@ -272,7 +258,7 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	cfg.GPU, cfg.Observer = b.lib(), rec
 	ctx, cancel := context.WithTimeout(ctx, b.runTimeout)
 	defer cancel()
-	f, err := b.startFloe(ctx, cfg, string(st))
+	f, err := b.procs().startFloe(ctx, cfg, string(st))
 	if err != nil {
 		return e2e.Run{}, err
 	}
@@ -350,113 +336,6 @@ func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location
 		return fmt.Errorf("trainer: %w (log: %s)", err, logf.Name())
 	}
 	return nil
-}
-
-// floeRun is an in-process floe serve. done is closed when Serve returns, with its
-// error in err.
-type floeRun struct {
-	addrs sidecar.Addrs
-	log   string
-	done  chan struct{}
-	err   error
-	stop  func()
-}
-
-func (b *benchE2E) startFloe(ctx context.Context, cfg sidecar.Config, name string) (*floeRun, error) {
-	logf, err := os.Create(filepath.Join(b.work, name+"-floe.log"))
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	f := &floeRun{log: logf.Name(), done: make(chan struct{})}
-	addrs := make(chan sidecar.Addrs, 1)
-	go func() {
-		defer close(f.done)
-		f.err = sidecar.Serve(ctx, cfg, slog.New(slog.NewTextHandler(logf, nil)), func(a sidecar.Addrs) { addrs <- a })
-	}()
-	f.stop = func() {
-		cancel()
-		<-f.done
-		if f.err != nil {
-			b.progress("floe (%s) stopped with: %v", name, f.err)
-		}
-		logf.Close()
-	}
-	select {
-	case f.addrs = <-addrs:
-		return f, nil
-	case <-f.done:
-		f.stop()
-		if f.err == nil {
-			return nil, fmt.Errorf("floe serve stopped before it was ready (log: %s)", f.log)
-		}
-		return nil, fmt.Errorf("floe serve: %w (log: %s)", f.err, f.log)
-	}
-}
-
-// refServer is the reference inference server process.
-type refServer struct {
-	base string // http://host:port
-	stop func()
-}
-
-func (b *benchE2E) startRefServer(ctx context.Context) (*refServer, error) {
-	args := []string{"-m", "floe_refserver", "--port", "0", "--max-model-len", strconv.Itoa(b.maxModelLen)}
-	cmd := exec.Command(b.python, args...)
-	// Its own process group, so that stopping it stops anything it started too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	logf, err := os.Create(filepath.Join(b.work, "refserver.log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stderr = logf
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		logf.Close()
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("starting the reference server (%s): %w", b.python, err)
-	}
-	stop := func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-		logf.Close()
-	}
-	line := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		if sc.Scan() {
-			line <- sc.Text()
-		}
-		close(line)
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	select {
-	case l, ok := <-line:
-		var a struct {
-			BaseURL string `json:"base_url"`
-		}
-		if !ok || json.Unmarshal([]byte(l), &a) != nil || a.BaseURL == "" {
-			stop()
-			return nil, fmt.Errorf("the reference server did not start (log: %s)", logf.Name())
-		}
-		return &refServer{base: strings.TrimSuffix(a.BaseURL, "/v1"), stop: stop}, nil
-	case <-ctx.Done():
-		stop()
-		return nil, ctx.Err()
-	case <-time.After(5 * time.Minute):
-		stop()
-		return nil, fmt.Errorf("the reference server did not start in 5 minutes (log: %s)", logf.Name())
-	}
 }
 
 // copyDir copies the files of a data dir (not recursive: floe's data dir is flat).

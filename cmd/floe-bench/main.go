@@ -28,6 +28,9 @@ commands:
   capacity  drive one floe serve with R concurrent streaming agent sessions and T
             trainer-rank processes on loopback: calls recorded/s, added latency,
             memory per session, Flight GB/s, step-forming cost (make bench-capacity)
+  replay    replay real agent rollouts (NeMo Gym JSONL) through floe's proxy and
+            measure every strategy on what it recorded: rows, passes, cut floor,
+            pack time, loss-term equality (make bench-replay)
   trl       floe's half of the comparison with TRL's tree packing: write a corpus's
             calls for benchmarks/trl_bench.py and pack them with floe (make bench-trl)
   version   print the version
@@ -60,6 +63,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = runCapacityRank(ctx, args[1:], stdout, stderr)
 	case "trl":
 		err = runTRL(ctx, args[1:], stdout, stderr)
+	case "replay":
+		err = runReplay(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "floe-bench", cli.Version())
 	case "help":

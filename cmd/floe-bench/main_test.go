@@ -55,6 +55,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"e2e", "-strategy", "tree"}, 1, "flag provided but not defined: -strategy"},
 		{[]string{"report"}, 1, "-dir"},
 		{[]string{"proxy", "-requests", "many"}, 1, `invalid value "many" for flag -requests`},
+		{[]string{"replay"}, 1, "-rollouts: give at least one rollouts file"},
+		{[]string{"replay", "-rollouts", "x.jsonl", "-harness-prompt", "codex"}, 1, `no captured harness "codex" (have claude-code, pi)`},
+		{[]string{"replay", "-rollouts", "x.jsonl", "-dialects", "gemini"}, 1, `unknown dialect "gemini"`},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
@@ -79,6 +82,7 @@ func TestHelpDocumentsEveryCommand(t *testing.T) {
 		{[]string{"e2e", "-h"}, []string{"usage: floe-bench e2e", "-token-budget", "-pad-multiple", "-groups-per-step", "-strategies", "-trainer-args"}},
 		{[]string{"report", "-h"}, []string{"usage: floe-bench report", "-dir"}},
 		{[]string{"proxy", "-h"}, []string{"usage: floe-bench proxy", "-concurrency", "-request-bytes"}},
+		{[]string{"replay", "-h"}, []string{"usage: floe-bench replay", "-rollouts", "-harness-prompt", "-dialects", "-out"}},
 	}
 	for _, tt := range tests {
 		var stdout, stderr bytes.Buffer
