@@ -45,7 +45,12 @@ type SamplingMetrics interface {
 }
 
 // applySampling enforces the policy on the normalized request before it goes upstream.
+// Under either policy top_k -1 and min_p 0 are sent (no dialect forwards a caller's), so
+// that a model's generation_config.json cannot truncate the distribution behind floe's
+// back when vLLM runs without --generation-config vllm.
 func (s *Server) applySampling(d Dialect, req *Request) {
+	noTopK, noMinP := -1, 0.0
+	req.Chat.TopK, req.Chat.MinP = &noTopK, &noMinP
 	if s.Sampling != SamplingForce {
 		return
 	}
@@ -59,10 +64,6 @@ func (s *Server) applySampling(d Dialect, req *Request) {
 	}
 	one(&req.Chat.Temperature, "temperature")
 	one(&req.Chat.TopP, "top_p")
-	// No dialect forwards a caller's top_k or min_p, so there is nothing to count: these
-	// only keep the engine's defaults (a model's generation_config.json) out.
-	noTopK, noMinP := -1, 0.0
-	req.Chat.TopK, req.Chat.MinP = &noTopK, &noMinP
 }
 
 // untrainableSampling says why a call sampled as c asks cannot be trained on, or "" when

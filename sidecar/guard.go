@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
@@ -21,7 +22,9 @@ const reservedFDs = 128
 // can never take the descriptors the control API, Flight, the store and the upstream
 // calls need. At least 16; 0 (no cap) when nofile is unknown.
 func ProxyConnCap(nofile uint64, maxInflight int) int {
-	if nofile == 0 {
+	// 0 is unknown; a limit past 2^31 (RLIM_INFINITY on the BSDs) bounds nothing either,
+	// and would wrap negative below.
+	if nofile == 0 || nofile > math.MaxInt32 {
 		return 0
 	}
 	avail := int64(nofile) - reservedFDs

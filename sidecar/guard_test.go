@@ -199,7 +199,8 @@ func TestProxyConnCap(t *testing.T) {
 		{256, 1024, 64},                   // (256-128)/2
 		{20000, 1024, 20000 - 128 - 1024}, // upstream room for every call in flight
 		{1 << 20, 1024, 1<<20 - 128 - 1024},
-		{100, 1024, 16}, // never below 16
+		{100, 1024, 16},       // never below 16
+		{^uint64(0), 1024, 0}, // RLIM_INFINITY: no cap (it wrapped negative, to 16)
 	}
 	for _, tt := range tests {
 		if got := ProxyConnCap(tt.nofile, tt.maxInflight); got != tt.want {

@@ -64,11 +64,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	log.Info("floe starting", "version", cli.Version(), "pid", os.Getpid())
 	// A signal (SIGINT, SIGTERM) ends ctx: say so when it happens, since the drain that
 	// follows can take up to the HTTP servers' shutdown grace.
+	drainLogged := make(chan struct{})
 	stopDrainLine := context.AfterFunc(ctx, func() {
 		log.Info("floe stopping: no new calls; draining calls in flight, then closing the store", "cause", context.Cause(ctx))
+		close(drainLogged)
 	})
-	defer stopDrainLine()
 	err = sidecar.Serve(ctx, cfg, log, sidecar.AnnounceJSON(stdout))
+	if !stopDrainLine() {
+		<-drainLogged // the stopping line runs on its own goroutine: let it come first
+	}
 	if err != nil {
 		log.Error("floe stopped on an error", "err", err)
 		return err

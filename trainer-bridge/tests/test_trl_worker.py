@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("trl")
 
 from floe_bridge import MicroBatch  # noqa: E402
-from floe_bridge.client import FloeError, StepNotFound  # noqa: E402
+from floe_bridge.client import StepNotFound  # noqa: E402
 from floe_bridge.trl import FloeRolloutWorker  # noqa: E402
 
 from conftest import HAND, HAND_META, make_batch  # noqa: E402
@@ -61,18 +61,38 @@ class ScriptedFloe:
         pass
 
 
-def test_rows_at_another_temperature_are_refused() -> None:
+def test_rows_at_another_temperature_are_left_out_of_the_loss(caplog: pytest.LogCaptureFixture) -> None:
     """TRL scores every sample at its one args.temperature; a loss row sampled at 0.7 under
-    TRL's 1.0 would train on a ratio between two distributions. The worker refuses the
-    step, naming both temperatures; at a matching temperature it hands the samples over."""
+    TRL's 1.0 would train on a ratio between two distributions. The worker masks such rows
+    with a warning naming both temperatures. It used to refuse the step, and a refused step
+    is served again after every restart: a harness that picks its temperature (-sampling
+    record) could stop training for good. At a matching temperature the rows train."""
     floe = ScriptedFloe(1, temperature=0.7)
     worker = FloeRolloutWorker("grpc://unused", client=floe, temperature=1.0)  # type: ignore[arg-type]
-    want = r"3 loss tokens were sampled at temperature 0\.7, .*args\.temperature = 1;"
-    with pytest.raises(FloeError, match=want):
-        worker.samples_of_step()
+    with caplog.at_level("WARNING"):
+        step, samples, _ = worker.samples_of_step()
+    assert step == 0
+    assert sum(int(sum(s.completion_mask)) for s in samples) == 0
+    assert "3 loss tokens were sampled at temperature 0.7" in caplog.text and "args.temperature = 1" in caplog.text
     ok = FloeRolloutWorker("grpc://unused", client=floe, temperature=0.7)  # type: ignore[arg-type]
     step, samples, _ = ok.samples_of_step()
     assert (step, len(samples)) == (0, SAMPLES_PER_STEP)
+    assert sum(int(sum(s.completion_mask)) for s in samples) == 3
+
+
+def test_a_step_without_samples_is_committed_once() -> None:
+    """A step whose every sample was left out is committed when it is expected, and the
+    next sample TRL takes does not commit it again (floe refuses a second commit, and the
+    error surfaced inside TRL's data loop)."""
+    floe = ScriptedFloe(3)
+    worker = FloeRolloutWorker("grpc://unused", client=floe)  # type: ignore[arg-type]
+    buf = worker.rollout_buffer
+    buf.expect(0, 0)
+    assert floe.commits == [0]
+    buf.expect(1, 1)
+    buf.put("sample of step 1")
+    assert buf.get_nowait() == "sample of step 1"
+    assert floe.commits == [0, 1]
 
 
 def test_a_step_is_committed_only_when_trl_took_its_last_sample() -> None:

@@ -28,6 +28,7 @@ second's context). The loss terms are the same either way.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -58,7 +59,7 @@ __all__ = [
     "tree_terms",
     "cpu_tree_attention",
     "TREE_ATTENTION",
-    "check_temperature",
+    "mask_other_temperatures",
 ]
 
 #: TRL's attention name (``trl.experimental.async_grpo.packing.TREE_ATTENTION``).
@@ -331,21 +332,28 @@ def use_cpu_tree_attention() -> None:
 # --- the rollout worker ------------------------------------------------------------------
 
 
-def check_temperature(mb: MicroBatch, temperature: float, step: int) -> None:
-    """Refuse a micro-batch with a loss row sampled at another temperature than
-    ``temperature`` (TRL's ``args.temperature``): TRL divides every row's logits by that one
-    value, so such a row's ratio would compare two different distributions."""
+def mask_other_temperatures(mb: MicroBatch, temperature: float, step: int) -> MicroBatch:
+    """``mb`` with its loss rows sampled at another temperature than ``temperature`` (TRL's
+    ``args.temperature``) taken out of the loss: TRL divides every row's logits by that one
+    value, so such a row's ratio would compare two different distributions. They are
+    masked, with a warning, rather than refused: under ``-sampling record`` the harness
+    picks its temperature, and a refused step would be served again after every restart,
+    so one call could stop training for good (docs/security.md). Their tokens still count
+    in the step's ``loss_tokens_global``."""
     loss = mb.loss_mask.astype(bool)
-    temps = mb.temperature[loss].astype(np.float64)
     # the column is float32: compare at its precision
-    off = ~np.isclose(temps, temperature, rtol=1e-6, atol=0.0)
-    if bool(off.any()):
-        got = ", ".join(f"{x:.6g}" for x in sorted(set(temps[off].tolist())))  # float32's digits
-        raise FloeError(
-            f"floe step {step}: {int(off.sum())} loss tokens were sampled at temperature {got}, but TRL "
-            f"scores every sample at its args.temperature = {temperature:g}; set TRL's temperature to the "
-            "harnesses' (one value for all), or run floe with -sampling force (every call at T = 1)"
-        )
+    off = loss & ~np.isclose(mb.temperature.astype(np.float64), temperature, rtol=1e-6, atol=0.0)
+    if not bool(off.any()):
+        return mb
+    got = ", ".join(f"{x:.6g}" for x in sorted(set(mb.temperature[off].astype(np.float64).tolist())))
+    log.warning(
+        "floe step %d: %d loss tokens were sampled at temperature %s, but TRL scores every sample at its "
+        "args.temperature = %g: they are left out of the loss (run floe with -sampling force, or set TRL's "
+        "temperature to the harnesses')", step, int(off.sum()), got, temperature,
+    )
+    mask = mb.loss_mask.copy()
+    mask[off] = 0
+    return dataclasses.replace(mb, loss_mask=mask)
 
 
 def _rollout_sample_cls() -> Any:
@@ -380,8 +388,9 @@ class _StepBuffer(queue.Queue[Any]):
     def expect(self, step: int, samples: int) -> None:
         with self.mutex:
             self._putting = step
-            self._left[step] = samples
-        if samples == 0:
+            if samples > 0:
+                self._left[step] = samples
+        if samples == 0:  # nothing for TRL to take: done now, and never again from get()
             self._taken(step)
 
     def _put(self, item: Any) -> None:
@@ -488,9 +497,8 @@ class FloeRolloutWorker:
         """Read one step (all ranks) and build its samples; (step, samples, metrics)."""
         t0 = time.monotonic()
         info = self._client.step_info(step_no, timeout=self._timeout)
-        mbs = [mb for r in range(info.num_ranks) for mb in self._client.read_step(info.step, rank=r).micro_batches]
-        for mb in mbs:
-            check_temperature(mb, self.temperature, info.step)
+        mbs = [mask_other_temperatures(mb, self.temperature, info.step)
+               for r in range(info.num_ranks) for mb in self._client.read_step(info.step, rank=r).micro_batches]
         table = self._client.read_samples(info).to_pydict()
         wait = time.monotonic() - t0
         by_idx = {int(i): k for k, i in enumerate(table["sample_idx"])}
@@ -756,16 +764,15 @@ class _FloeBatches:
                     f"this trainer runs {world} processes x gradient_accumulation_steps={ga}: start floe with "
                     f"-dp-size {world} and a token budget that forms {ga} micro-batch(es) per rank"
                 )
-            for s in steps:
-                for mb in s.micro_batches:
-                    check_temperature(mb, float(t.args.temperature), info.step)
+            mbs = [[mask_other_temperatures(mb, float(t.args.temperature), info.step) for mb in s.micro_batches]
+                   for s in steps]
             t.floe_wait_s += time.monotonic() - t0
             # TRL divides each micro-batch's term sum by global_n_tokens / world_size and by the
             # accumulation steps; L / ga makes the step's loss floe's token-mean over the step.
             g = info.loss_tokens_global / ga
             t.floe_pending.append(info.step)  # one optimizer step trains it; committed after it
             for k in range(ga):
-                yield _collate([to_trl_tree(s.micro_batches[k]) for s in steps], t.processing_class.pad_token_id, g)
+                yield _collate([to_trl_tree(rank[k]) for rank in mbs], t.processing_class.pad_token_id, g)
 
 
 def _make_trainer_class() -> Any:
