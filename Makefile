@@ -13,6 +13,7 @@
 #   make bench-e2e-gpu the same on a GPU machine with a 0.5B Qwen2 (benchmarks/gpu/run.sh)
 #   make bench-replay  regenerate benchmarks/results/replay (real NeMo Gym rollouts through the proxy, every strategy)
 #   make fuzz    a short fuzz run of the batcher's faithfulness property
+#   make learn   SmolLM2-135M learns a calculator task through floe and a real vLLM (docs/learn.md)
 #   make demo    the whole loop: reference inference server, floe serve, agent rollouts, GRPO trainer
 #                (the packing benchmark on the synthetic corpus: make bench-report, go run ./cmd/floe-bench)
 
@@ -30,7 +31,7 @@ DEMO_STAMP := $(VENV)/.floe-demo-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo test test-go test-py test-harness test-demo test-vllm go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
+.PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
 
 all: test
 
@@ -96,10 +97,28 @@ test-demo: venv
 # that vLLM: the SDKs, the rescoring of the served steps, the harness CLIs (docs/vllm.md).
 VLLM_VENV := .venv-vllm
 
-test-vllm: venv $(HARNESS_STAMP)
+test-vllm: venv $(LEARN_STAMP) $(HARNESS_STAMP)
 	bash vllm-tests/install.sh
 	$(VLLM_VENV)/bin/python vllm-tests/fetch_model.py
 	$(VPY) -m pytest vllm-tests -q -c vllm-tests/pytest.ini
+
+# --- The loop closed: a real model learning through floe ----------------------
+# make learn: the real vLLM above serving SmolLM2, floe serve, GRPO with the weights pushed
+# back to vLLM after every step, held-out evaluation; 2 seeds x {per_request, tree}, about
+# 25-45 minutes a run on two cores. Writes benchmarks/results/learn (docs/learn.md). Its
+# short version (2 steps) runs in make test-vllm (vllm-tests/test_learn.py).
+LEARN_STAMP := $(VENV)/.floe-learn-installed
+LEARN_FLAGS ?=
+
+$(LEARN_STAMP): $(DEMO_STAMP) $(BRIDGE)/pyproject.toml
+	@echo "== installing make learn's plotting package (matplotlib) into $(VENV)"
+	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,learn]'
+	touch $@
+
+learn: $(LEARN_STAMP)
+	bash vllm-tests/install.sh
+	$(VLLM_VENV)/bin/python vllm-tests/fetch_model.py
+	GO=$(GO) $(VPY) learn/run.py $(LEARN_FLAGS)
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 

