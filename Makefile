@@ -60,7 +60,7 @@ $(VPY):
 $(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
 	@echo "== installing uv into $(VENV)"
 	$(VPY) -m pip install --quiet --upgrade uv
-	@echo "== installing the demo's packages into $(VENV): torch (PyPI's Linux wheel is the CUDA build, about 3.5 GB: a few minutes when cold), transformers, pyarrow, openai"
+	@echo "== installing the demo's packages into $(VENV): torch (PyPI's Linux wheel is the CUDA build: about 3 GB to download, 5.6 GB installed; minutes when cold), transformers, pyarrow, openai"
 	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
 	touch $@
 

@@ -121,12 +121,15 @@ class Display:
         self.last = ""
         self.last_plain = 0.0
 
-    def status(self, text: str) -> None:
+    def status(self, text: str, new: bool = False) -> None:
+        """Replace the status line. Off a terminal a line is written at most every 5 s
+        (the progress line changes four times a second), except ``new``: the first line of
+        a step, written at once so that no step goes unnamed."""
         with self.lock:
             if self.tty:
                 self.out.write("\r\033[K" + text)
                 self.out.flush()
-            elif time.monotonic() - self.last_plain >= 5 or text.startswith("done"):
+            elif new or time.monotonic() - self.last_plain >= 5 or text.startswith("done"):
                 self.out.write(text + "\n")
                 self.out.flush()
                 self.last_plain = time.monotonic()
@@ -158,7 +161,7 @@ class Display:
             while not done.wait(every):
                 self.status(f"{what} ({time.monotonic() - t0:.0f} s)")
 
-        self.status(what)
+        self.status(what, new=True)
         ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()
         try:
@@ -393,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
               f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
         floe_bin = str(disp.ticking("building floe (go build; the first build downloads Go modules and compiles "
-                                    "Arrow, 1-3 min) ...", lambda: build_floe(tmp, ROOT)))
+                                    "Arrow: minutes on 2 cores) ...", lambda: build_floe(tmp, ROOT)))
 
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         # the trainer imports torch and builds its model while the servers start; it reads
@@ -402,13 +405,16 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable, os.path.join(HERE, "trainer.py"), "--steps", str(n_steps),
             "--token-budget", str(args.token_budget),
         ], env=env, stdin=True)
-        disp.status("starting the reference inference server ...")
-        ref, hello = procs.start_server("refserver", refserver_argv("--port", "0", "--threads", "1",
-                                                                     "--log-level", "WARNING"), 120, env=env)
+        # importing torch and transformers and building the tiny model, while the trainer
+        # does the same: 10-50 s on 2 cores
+        ref, hello = disp.ticking(
+            "starting the reference inference server (imports torch, builds the tiny model) ...",
+            lambda: procs.start_server("refserver", refserver_argv("--port", "0", "--threads", "1",
+                                                                    "--log-level", "WARNING"), 120, env=env))
         ref_url = hello["base_url"]
         upstream = ref_url[: -len("/v1")] if ref_url.endswith("/v1") else ref_url
 
-        disp.status("starting floe serve ...")
+        disp.status("starting floe serve ...", new=True)
         floe, addrs = procs.start_server("floe", [
             floe_bin, "serve", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-flight-addr", "127.0.0.1:0",
             "-data-dir", data_dir, "-upstream", upstream,
@@ -431,10 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         ready = threading.Event()
         tf = threading.Thread(target=follow_trainer, args=(state, trainer, on_step, ready), daemon=True)
         tf.start()
-        disp.status("waiting for the trainer to load ...")
-        while not ready.wait(0.2):
-            if trainer.proc.poll() is not None:
-                raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{trainer.tail()}")
+
+        def trainer_loaded() -> None:
+            while not ready.wait(0.2):
+                if trainer.proc.poll() is not None:
+                    raise RuntimeError(f"trainer exited with {trainer.proc.returncode}; log:\n{trainer.tail()}")
+
+        disp.ticking("waiting for the trainer to load (imports torch, builds the model) ...", trainer_loaded)
         t_trainer = time.monotonic()
 
         progress = agent.Progress(args.groups * agent.GROUP_SIZE, args.groups)
@@ -474,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"rollout driver failed: {box['error']!r}")
         with state.lock:
             committed = len(state.step_lines)  # the trainer commits each step it reports
-        disp.status(f"waiting for floe to archive {committed} committed steps ...")
-        store = wait_archived(control, committed)
+        store = disp.ticking(f"waiting for floe to archive {committed} committed steps ...",
+                             lambda: wait_archived(control, committed))
         disp.status(line())
         disp.end()
         results = box["results"]

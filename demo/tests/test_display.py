@@ -46,3 +46,20 @@ def test_ticking_renews_the_status_while_the_step_runs() -> None:
     assert out.startswith("\r\x1b[Kbuilding floe")
     assert " s)" in out
     assert disp.last.startswith("building floe (")
+
+
+def test_off_a_terminal_each_new_step_is_written_at_once() -> None:
+    """Off a terminal (make demo > log, CI) progress lines are thinned to one per 5 s, but
+    the first line of each step is never held back: a cold start of the reference server
+    took 35 s behind a suppressed "starting ..." line, and printed nothing meanwhile."""
+    out = io.StringIO()  # isatty() is False
+    disp = run.Display(out)
+    disp.status("sessions 0/64")
+    disp.status("sessions 1/64")  # within 5 s of the last line: thinned out
+    disp.status("starting the reference inference server ...", new=True)
+    assert disp.ticking("waiting for the trainer to load ...", lambda: 7) == 7
+    assert out.getvalue().splitlines() == [
+        "sessions 0/64",
+        "starting the reference inference server ...",
+        "waiting for the trainer to load ...",
+    ]
