@@ -395,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"floe demo: {args.groups} groups x {agent.GROUP_SIZE} sessions, {args.groups_per_step} group(s) per step, "
               f"{n_steps} steps, strategy tree, token budget {args.token_budget}; logs in {log_dir}", flush=True)
+        print("this demo shows floe's data path only: scripted rewards, a tiny random model, no weight sync, so "
+              "nothing learns; `make learn` closes the loop (SmolLM2 on a real vLLM, rewards from a task, "
+              "the weights pushed back each step: docs/learn.md)", flush=True)
         floe_bin = str(disp.ticking("building floe (go build; the first build downloads Go modules and compiles "
                                     "Arrow: minutes on 2 cores) ...", lambda: build_floe(tmp, ROOT)))
 
@@ -526,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"archive (Parquet, docs/archive.md): {archive_dir}" if kept else
               f"archive (Parquet, docs/archive.md) was in {archive_dir}, removed on exit: --keep keeps it")
         print("packing benchmark on the synthetic corpus (the former `make demo`): make bench-report  or  go run ./cmd/floe-bench")
+        print("a model that learns through floe, with a reward curve: make learn (docs/learn.md)")
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as f:
                 json.dump(summary, f, indent=1)

@@ -14,7 +14,10 @@ when it is done, so the other tests see the untrained model.
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +112,18 @@ def test_two_steps_learn_through_floe(
     # vLLM serves what the trainer trained: its log-probs are the trained model's
     assert max(abs(a - b) for a, b in zip(served, after)) <= 1e-4, (served, after)
     assert max(abs(a - b) for a, b in zip(served, before)) > 1e-3, "the sync changed nothing vLLM serves"
+
+    # the weight-sync endpoint vLLM's dev mode serves is not reachable through floe's
+    # proxy, whatever key a harness holds
+    sess = http_json("POST", started[0].control + "/floe/v1/sessions", {"task_id": "probe", "group_id": "probe", "group_size": 2})
+    req = urllib.request.Request(
+        started[0].proxy + "/collective_rpc", method="POST",
+        data=json.dumps({"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}).encode(),
+        headers={"Authorization": f"Bearer {sess['api_key']}", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=30)
+    assert refused.value.code == 404, refused.value.read()
 
     arch = learn_run.check_archive(started[0].data_dir, settings.max_staleness)  # loop.run waited for it
     assert arch["calls_without_version"] == 0, arch

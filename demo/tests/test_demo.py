@@ -74,6 +74,8 @@ def test_demo_quick(tmp_path: Path) -> None:
     assert s["stopped"] == {"trainer": 0, "floe": 0, "refserver": 0}
     assert s["left_running"] == []
     assert "| reduction" in r.stdout and "nothing left running" in r.stdout
+    # it says what it is not: nothing learns here, make learn is where a model does
+    assert "this demo shows floe's data path only" in r.stdout and "make learn" in r.stdout
     # floe on its defaults archived both committed steps and kept none of them in its store
     u = s["store"]
     assert (u["archived_steps"], u["archived_sessions"], u["archived_calls"]) == (2, 8, s["calls"]), u

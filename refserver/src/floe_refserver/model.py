@@ -1,16 +1,21 @@
 """The reference server's model: a tiny seeded Qwen2 causal LM (fp32, CPU, eval mode),
-teacher-forced scoring and a KV-cached sampler."""
+teacher-forced scoring, a KV-cached sampler, and in-place weight reloads from a
+``save_pretrained`` checkpoint (a trainer's weight sync)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 HIDDEN = 64
@@ -74,14 +79,140 @@ def _top(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
 
 
+class WeightsLock:
+    """A readers-writer lock over the model's weights: requests hold it shared for their
+    whole length (every choice, every sampled token), a weight reload holds it exclusive, so
+    no request sees half old, half new weights. A waiting writer blocks new readers, so a
+    steady stream of requests cannot starve a reload. Not reentrant: a thread holding it
+    shared must not take it again (with a writer waiting it would deadlock)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.readers = 0
+        self.writer = False
+        self.writers_waiting = 0  # read under cond; tests wait on it to see a reload queued
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self.cond:
+            self.cond.wait_for(lambda: not self.writer and not self.writers_waiting)
+            self.readers += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.readers -= 1
+                self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self.cond:
+            self.writers_waiting += 1
+            self.cond.notify_all()  # observers of writers_waiting
+            try:
+                self.cond.wait_for(lambda: not self.writer and not self.readers)
+            finally:
+                self.writers_waiting -= 1
+            self.writer = True
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.writer = False
+                self.cond.notify_all()
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit the served model (the client's error, HTTP 400)."""
+
+
+def read_checkpoint(model: torch.nn.Module, path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of the ``*.safetensors`` file(s) in directory ``path`` (as
+    ``save_pretrained(path, safe_serialization=True)`` writes them, sharded or not), checked
+    against ``model``: every name known, every shape equal, every dtype floating; returned
+    cast to the parameter's dtype, keyed by the model's state-dict names, so that copying
+    them cannot fail half way. Tied parameters (``lm_head.weight`` is ``embed_tokens.weight``
+    with ``tie_word_embeddings``) are one tensor: like transformers, the checkpoint may hold
+    any one of the names (save_pretrained omits the tied copy); if it holds several they
+    must be equal, since the served model cannot give them different values.
+
+    Raises WeightsError for what the client got wrong, OSError for I/O failures."""
+    d = Path(path)
+    if not d.is_dir():
+        raise WeightsError(f"weights_path {str(d)!r} is not a directory")
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors file in weights_path {str(d)!r}")
+    loaded: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors = load_file(f, device="cpu")
+        except SafetensorError as e:  # a truncated or foreign file, not an I/O failure
+            raise WeightsError(f"{f.name}: not a readable safetensors file: {e}") from e
+        dup = sorted(set(tensors) & set(loaded))
+        if dup:
+            raise WeightsError(f"{f.name}: tensors also in another file: {dup[:5]}")
+        loaded.update(tensors)
+
+    state = model.state_dict()
+    # Group aliases (tied weights) by storage: one group per distinct tensor.
+    groups: dict[tuple[int, int], list[str]] = {}
+    for name, t in state.items():
+        groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset()), []).append(name)
+    unexpected = sorted(set(loaded) - set(state))
+    if unexpected:
+        raise WeightsError(f"unexpected tensors (not in the served model): {unexpected[:10]}")
+    out: dict[str, torch.Tensor] = {}
+    missing: list[str] = []
+    for names in groups.values():
+        present = [n for n in names if n in loaded]
+        if not present:
+            missing.append(names[0])
+            continue
+        target = state[names[0]]
+        for n in present:
+            src = loaded[n]
+            if tuple(src.shape) != tuple(target.shape):
+                raise WeightsError(
+                    f"tensor {n!r}: shape {list(src.shape)} in the checkpoint, "
+                    f"{list(target.shape)} in the model"
+                )
+            if not src.is_floating_point():
+                raise WeightsError(f"tensor {n!r}: dtype {src.dtype} is not a floating-point type")
+        first = loaded[present[0]].to(target.dtype)
+        for n in present[1:]:
+            if not torch.equal(loaded[n].to(target.dtype), first):
+                raise WeightsError(
+                    f"tensors {present[0]!r} and {n!r} are tied in the model but differ in the checkpoint"
+                )
+        out[names[0]] = first
+    if missing:
+        raise WeightsError(f"tensors missing from the checkpoint: {sorted(missing)[:10]}")
+    return out
+
+
 class Engine:
-    """Serializes access to the model (one forward at a time)."""
+    """Serializes access to the model (one forward at a time). ``weights`` is the
+    request-level lock: callers that need consistent weights across several forwards (a
+    whole request) hold ``weights.shared()``; ``reload_weights`` holds it exclusive."""
 
     def __init__(self, model: Qwen2ForCausalLM, seed: int = 0) -> None:
         self.model = model
         self.lock = threading.Lock()
+        self.weights = WeightsLock()
         self.generator = torch.Generator().manual_seed(seed)
         self._cache_kw = _cache_kwarg(model)
+
+    def reload_weights(self, weights_path: str | Path) -> None:
+        """Load the model's weights in place from a save_pretrained checkpoint directory.
+        Everything is read and checked before the first tensor is copied, so a bad
+        checkpoint leaves the model as it was. Waits for running requests to finish."""
+        new = read_checkpoint(self.model, weights_path)  # outside the lock: requests go on meanwhile
+        state = self.model.state_dict()
+        # self.lock too, for callers that run a forward without holding weights (the warm-up).
+        with self.weights.exclusive(), self.lock, torch.no_grad():
+            for name, t in new.items():
+                state[name].copy_(t)
 
     @torch.no_grad()
     def score(

@@ -10,14 +10,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from .model import Engine, TokenLogprob
+from .model import Engine, TokenLogprob, WeightsError
 from .parser import OutputParser, _id
 from .tokenizer import ENDOFTEXT, IM_END, render, render_assistant_turn, token_bytes
 
@@ -350,6 +350,11 @@ class RefServer:
         return f"chatcmpl-{uuid.uuid4().hex}"
 
     def chat(self, req: ChatRequest) -> dict[str, Any]:
+        # One weights version for the whole request (all choices): a reload waits.
+        with self.engine.weights.shared():
+            return self._chat(req)
+
+    def _chat(self, req: ChatRequest) -> dict[str, Any]:
         choices = []
         completion_tokens = 0
         for i in range(req.n):
@@ -395,6 +400,11 @@ class RefServer:
         }
 
     def chat_stream(self, req: ChatRequest) -> Iterator[dict[str, Any]]:
+        # Held while the stream is consumed, released when the generator ends or is closed.
+        with self.engine.weights.shared():
+            yield from self._chat_stream(req)
+
+    def _chat_stream(self, req: ChatRequest) -> Iterator[dict[str, Any]]:
         cid, created = self.completion_id(), int(time.time())
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -512,6 +522,42 @@ class RefServer:
         strs = self.tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
         return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
 
+    # --- weight sync (vLLM's dev-mode endpoints, VLLM_SERVER_DEV_MODE=1) ---
+
+    def collective_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``POST /collective_rpc``: call ``method`` on every worker, one result each.
+        The refserver has one "worker" and knows one method, ``reload_weights(weights_path)``."""
+        method = body.get("method")
+        if not isinstance(method, str):
+            raise APIError('collective_rpc needs a string "method"')
+        args = body.get("args") or []
+        kwargs = body.get("kwargs") or {}
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise APIError('collective_rpc: "args" must be a list and "kwargs" an object')
+        # "timeout" bounds vLLM's wait on its workers; the reload here is synchronous and
+        # waits only for running requests, so it is accepted and not used.
+        unknown = set(body) - {"method", "args", "kwargs", "timeout"}
+        if unknown:
+            raise APIError(f"collective_rpc: unknown fields {sorted(unknown)}")
+        if method != "reload_weights":
+            raise APIError(f"collective_rpc: unsupported method {method!r} (only reload_weights)")
+        if args or set(kwargs) != {"weights_path"} or not isinstance(kwargs["weights_path"], str):
+            raise APIError('reload_weights takes exactly kwargs {"weights_path": "<checkpoint dir>"}')
+        path = kwargs["weights_path"]
+        try:
+            self.engine.reload_weights(path)
+        except WeightsError as e:
+            raise APIError(f"reload_weights: {e}") from e
+        except OSError as e:
+            raise APIError(f"reload_weights: reading {path!r}: {e}", 500, "InternalServerError") from e
+        log.info("reloaded weights from %s", path)
+        return {"results": [None]}
+
+    def reset_prefix_cache(self) -> dict[str, Any]:
+        # The refserver caches no KV across requests (each request runs its own forward
+        # passes), so there is nothing stale after a reload: a no-op, answered as vLLM does.
+        return {"success": True}
+
     def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         self.check_model(body)
         ids = body.get("tokens")
@@ -588,6 +634,10 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             log.info("client went away mid-stream")
             self.close_connection = True
+        finally:
+            # Release what the generator holds (the shared weights lock) now, not at GC.
+            if isinstance(events, Generator):
+                events.close()
 
     def _dispatch(self, method: str) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -596,6 +646,8 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/models": {"GET": lambda: self._send(200, self.ref.models())},
             "/tokenize": {"POST": lambda: self._send(200, self.ref.tokenize(self._json_body()))},
             "/detokenize": {"POST": lambda: self._send(200, self.ref.detokenize(self._json_body()))},
+            "/collective_rpc": {"POST": lambda: self._send(200, self.ref.collective_rpc(self._json_body()))},
+            "/reset_prefix_cache": {"POST": self._reset_prefix_cache},
             "/script": {"GET": self._script_get, "POST": self._script_post, "DELETE": self._script_delete},
             "/generations": {"GET": lambda: self._send(200, {"generations": list(self.ref.generations)})},
             "/health": {"GET": self._health},
@@ -644,6 +696,10 @@ class Handler(BaseHTTPRequestHandler):
             self._stream(self.ref.chat_stream(req))
         else:
             self._send(200, self.ref.chat(req))
+
+    def _reset_prefix_cache(self) -> None:
+        self._read_body()  # vLLM takes no body; drain any so the connection stays usable
+        self._send(200, self.ref.reset_prefix_cache())
 
     def _script_get(self) -> None:
         self._send(200, {"remaining": len(self.ref.script)})
