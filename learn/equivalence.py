@@ -33,17 +33,25 @@ def _calls(control: str, session_id: str) -> list[dict[str, Any]]:
 
 
 def _grads(model: Any) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
+    return [
+        p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        for p in model.parameters()
+        if p.requires_grad
+    ]
 
 
-def reference_loss(model: Any, calls: list[tuple[list[int], list[int], list[float], float, float]], n_tokens: int) -> float:
+def reference_loss(
+    model: Any, calls: list[tuple[list[int], list[int], list[float], float, float]], n_tokens: int
+) -> float:
     """The step's loss, its gradient accumulated into the model's .grad call by call (one
     call's graph alive at a time)."""
     total = 0.0
     for prompt, response, old, temperature, adv in calls:
         ids = torch.tensor([prompt + response], dtype=torch.long)
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-        logp = torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(response)[:, None])[:, 0]
+        logp = torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(response)[:, None])[
+            :, 0
+        ]
         ratio = torch.exp(logp - torch.tensor(old))
         surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH) * adv)
         if adv < 0:
@@ -59,13 +67,23 @@ def check(model: Any, step: Any, control: str) -> dict[str, Any]:
     from floe_bridge.torch_ops import grpo_loss, to_tensors
 
     samples = step.samples()
-    advantage = dict(zip(samples.column("session_id").to_pylist(), samples.column("advantage").to_pylist()))
+    advantage = dict(
+        zip(samples.column("session_id").to_pylist(), samples.column("advantage").to_pylist(), strict=True)
+    )
     calls: list[tuple[list[int], list[int], list[float], float, float]] = []
     for sid, adv in advantage.items():
         for c in _calls(control, sid):
             if c.get("trainable") and c["response_ids"]:
                 t = c.get("temperature")
-                calls.append((c["prompt_ids"], c["response_ids"], c["logprobs"], 1.0 if t is None else float(t), float(adv)))
+                calls.append(
+                    (
+                        c["prompt_ids"],
+                        c["response_ids"],
+                        c["logprobs"],
+                        1.0 if t is None else float(t),
+                        float(adv),
+                    )
+                )
     n_ref = sum(len(c[1]) for c in calls)
 
     model.zero_grad(set_to_none=True)
@@ -74,8 +92,15 @@ def check(model: Any, step: Any, control: str) -> dict[str, Any]:
         tb = to_tensors(mb)
         logp = score_logprobs(model, tb, attn="sdpa")
         rows = tb.loss_rows()
-        loss, _ = grpo_loss(logp, tb.old_logprobs[rows], tb.advantages[rows], step.loss_tokens_global,
-                            clip_low=CLIP_LOW, clip_high=CLIP_HIGH, dual_clip=DUAL_CLIP)
+        loss, _ = grpo_loss(
+            logp,
+            tb.old_logprobs[rows],
+            tb.advantages[rows],
+            step.loss_tokens_global,
+            clip_low=CLIP_LOW,
+            clip_high=CLIP_HIGH,
+            dual_clip=DUAL_CLIP,
+        )
         loss.backward()  # type: ignore[no-untyped-call]
         floe_loss += loss.detach().double()
     g_floe = _grads(model)
@@ -85,7 +110,7 @@ def check(model: Any, step: Any, control: str) -> dict[str, Any]:
     g_ref = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    diff = torch.sqrt(sum(((a.double() - b.double()) ** 2).sum() for a, b in zip(g_floe, g_ref)))
+    diff = torch.sqrt(sum(((a.double() - b.double()) ** 2).sum() for a, b in zip(g_floe, g_ref, strict=True)))
     norm = torch.sqrt(sum((b.double() ** 2).sum() for b in g_ref))
     return {
         "calls": len(calls),

@@ -45,7 +45,11 @@ def run_episode(
         {"role": "user", "content": problem.question},
     ]
     first = client.chat.completions.create(
-        model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, seed=seed  # type: ignore[arg-type]
+        model=model,
+        messages=messages,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,  # type: ignore[arg-type]
     )
     text1 = first.choices[0].message.content or ""
     env = task.calculate(text1)

@@ -102,7 +102,11 @@ class VLLMControl:
         # vLLM 0.32's in-place reload from a safetensors directory (docs/learn.md: why
         # this and not a LoRA adapter or the NCCL weight-transfer engine); the prefix
         # cache holds KV computed with the old weights, so it goes too.
-        http_json("POST", self.url + "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+        http_json(
+            "POST",
+            self.url + "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+        )
         http_json("POST", self.url + "/reset_prefix_cache")
 
 
@@ -116,7 +120,9 @@ def evaluate(vllm_url: str, settings: Settings) -> float:
     with cf.ThreadPoolExecutor(16) as ex:
         eps = list(
             ex.map(
-                lambda ip: harness.run_episode(client, SERVED, ip[1], temperature=settings.temperature, seed=1000 + 2 * ip[0]),
+                lambda ip: harness.run_episode(
+                    client, SERVED, ip[1], temperature=settings.temperature, seed=1000 + 2 * ip[0]
+                ),
                 enumerate(probs),
             )
         )
@@ -140,13 +146,23 @@ class Rollouts:
             self.control + "/floe/v1/sessions",
             {"task_id": problem.key, "group_id": f"{self.run}-s{step}-g{group}", "group_size": s.group_size},
         )
-        client = openai.OpenAI(base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=900)
+        client = openai.OpenAI(
+            base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=900
+        )
         try:
             ep = harness.run_episode(client, SERVED, problem, temperature=s.temperature)
         except Exception:
-            http_json("POST", f"{self.control}/floe/v1/sessions/{sess['session_id']}/finish", {"reward": 0.0, "status": "failed"})
+            http_json(
+                "POST",
+                f"{self.control}/floe/v1/sessions/{sess['session_id']}/finish",
+                {"reward": 0.0, "status": "failed"},
+            )
             raise
-        http_json("POST", f"{self.control}/floe/v1/sessions/{sess['session_id']}/finish", {"reward": ep.reward, "status": "completed"})
+        http_json(
+            "POST",
+            f"{self.control}/floe/v1/sessions/{sess['session_id']}/finish",
+            {"reward": ep.reward, "status": "completed"},
+        )
         return ep.reward
 
     def run_step(self, step: int) -> tuple[float, float]:
@@ -169,7 +185,9 @@ def load_policy(model_dir: Path, lr: float, seed: int) -> tuple[Any, torch.optim
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
+    )
     model.train()  # SmolLM2 has no dropout: train mode scores as vLLM's eval mode does
     # The embedding matrix is tied to the LM head: it stays frozen (28M of 135M
     # parameters, the largest single AdamW update), everything else trains.
@@ -203,8 +221,26 @@ def run(
     lines: list[StepLine] = []
     t_eval = time.monotonic()
     held0 = evaluate(vllm_url, settings)
-    base = StepLine(run_name, settings.strategy, settings.seed, 0, 0, float("nan"), float("nan"), 0, 0, 0, 0, 0.0,
-                    0.0, 0.0, 0.0, time.monotonic() - t_eval, 0.0, held_out_reward=held0)
+    base = StepLine(
+        run_name,
+        settings.strategy,
+        settings.seed,
+        0,
+        0,
+        float("nan"),
+        float("nan"),
+        0,
+        0,
+        0,
+        0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        time.monotonic() - t_eval,
+        0.0,
+        held_out_reward=held0,
+    )
     out(base)
     lines.append(base)
     version = 0
@@ -228,7 +264,13 @@ def run(
                 t_train = time.monotonic()
                 fig = train_step(model, opt, fetched.micro_batches, fetched.loss_tokens_global, attn="sdpa")
                 train_s = time.monotonic() - t_train
-                floe.report(fetched.step, rank=0, step_seconds=fig.step_seconds, wait_seconds=fetched.wait_seconds, loss=fig.loss)
+                floe.report(
+                    fetched.step,
+                    rank=0,
+                    step_seconds=fig.step_seconds,
+                    wait_seconds=fetched.wait_seconds,
+                    loss=fig.loss,
+                )
                 t_sync = time.monotonic()
                 floe.pause()
                 model.save_pretrained(str(sync_dir), safe_serialization=True)
@@ -244,10 +286,25 @@ def run(
                     held = evaluate(vllm_url, settings)
                     eval_s = time.monotonic() - t_eval
                 line = StepLine(
-                    run_name, settings.strategy, settings.seed, step, version, reward, fig.loss, fig.loss_tokens,
-                    fig.rows, fig.real_rows, fig.micro_batches, fig.mismatch, rollout_s, train_s, sync_s, eval_s,
+                    run_name,
+                    settings.strategy,
+                    settings.seed,
+                    step,
+                    version,
+                    reward,
+                    fig.loss,
+                    fig.loss_tokens,
+                    fig.rows,
+                    fig.real_rows,
+                    fig.micro_batches,
+                    fig.mismatch,
+                    rollout_s,
+                    train_s,
+                    sync_s,
+                    eval_s,
                     rollout_s + read_s + train_s + sync_s + eval_s,
-                    held_out_reward=held, extra=extra,
+                    held_out_reward=held,
+                    extra=extra,
                 )
                 out(line)
                 lines.append(line)
@@ -267,7 +324,9 @@ def wait_archived(control: str, steps: int, timeout: float = 300.0) -> None:
         if done >= steps:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"floe archived {done} of {steps} committed steps within {timeout:g} s (its log says why)")
+            raise RuntimeError(
+                f"floe archived {done} of {steps} committed steps within {timeout:g} s (its log says why)"
+            )
         time.sleep(0.2)
 
 

@@ -36,10 +36,19 @@ STEPS = 2
 
 def vllm_logprobs(vllm_url: str, prompt_ids: list[int], n: int = 8) -> tuple[list[int], list[float]]:
     """n tokens vLLM samples after prompt_ids at T = 1, with their log-probs."""
-    r = http_json("POST", vllm_url + "/v1/completions", {
-        "model": SERVED, "prompt": prompt_ids, "max_tokens": n, "temperature": 1.0, "seed": 7,
-        "logprobs": 0, "return_token_ids": True,
-    })
+    r = http_json(
+        "POST",
+        vllm_url + "/v1/completions",
+        {
+            "model": SERVED,
+            "prompt": prompt_ids,
+            "max_tokens": n,
+            "temperature": 1.0,
+            "seed": 7,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+    )
     choice = r["choices"][0]
     return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
@@ -60,13 +69,27 @@ def test_two_steps_learn_through_floe(
     import torch
 
     base = model_dir()
-    settings = loop.Settings(strategy=strategy, seed=3, steps=STEPS, groups_per_step=1, group_size=4,
-                             eval_every=STEPS, eval_episodes=4, lr=1e-4)
+    settings = loop.Settings(
+        strategy=strategy,
+        seed=3,
+        steps=STEPS,
+        groups_per_step=1,
+        group_size=4,
+        eval_every=STEPS,
+        eval_episodes=4,
+        lr=1e-4,
+    )
     started: list[Floe] = []
 
     def floe_start(s: loop.Settings, run: str) -> tuple[str, str]:
-        f = floe_serve(s.strategy, group_size=s.group_size, groups_per_step=s.groups_per_step,
-                       steps_ahead=1, max_staleness=s.max_staleness, token_budget=s.token_budget)
+        f = floe_serve(
+            s.strategy,
+            group_size=s.group_size,
+            groups_per_step=s.groups_per_step,
+            steps_ahead=1,
+            max_staleness=s.max_staleness,
+            token_budget=s.token_budget,
+        )
         started.append(f)
         return f.control, f.flight
 
@@ -85,8 +108,15 @@ def test_two_steps_learn_through_floe(
     sync.mkdir()
     probe = [1, 9690, 198, 2683, 314, 216, 33, 1232, 216, 34, 47, 2]  # "<|im_start|>system..." a fixed prompt
     try:
-        loop.run(settings, floe_start=floe_start, vllm_url=vllm_url, base_model=base, sync_dir=sync,
-                 out=lines.append, equivalence=equivalence.check)
+        loop.run(
+            settings,
+            floe_start=floe_start,
+            vllm_url=vllm_url,
+            base_model=base,
+            sync_dir=sync,
+            out=lines.append,
+            equivalence=equivalence.check,
+        )
         trained = models[0]
         ids, served = vllm_logprobs(vllm_url, probe)
         after = rescore(trained, probe, ids)
@@ -94,7 +124,9 @@ def test_two_steps_learn_through_floe(
         loop.VLLMControl(vllm_url).load_weights(base)  # the other tests see the untrained model
     from transformers import AutoModelForCausalLM
 
-    untrained = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32, attn_implementation="sdpa")
+    untrained = AutoModelForCausalLM.from_pretrained(
+        str(base), dtype=torch.float32, attn_implementation="sdpa"
+    )
     before = rescore(untrained, probe, ids)
 
     assert [ln.step for ln in lines] == list(range(STEPS + 1))
@@ -110,14 +142,21 @@ def test_two_steps_learn_through_floe(
     assert eq["grad_norm"] > 0, eq  # a group of identical rewards would test nothing
 
     # vLLM serves what the trainer trained: its log-probs are the trained model's
-    assert max(abs(a - b) for a, b in zip(served, after)) <= 1e-4, (served, after)
-    assert max(abs(a - b) for a, b in zip(served, before)) > 1e-3, "the sync changed nothing vLLM serves"
+    assert max(abs(a - b) for a, b in zip(served, after, strict=True)) <= 1e-4, (served, after)
+    assert max(abs(a - b) for a, b in zip(served, before, strict=True)) > 1e-3, (
+        "the sync changed nothing vLLM serves"
+    )
 
     # the weight-sync endpoint vLLM's dev mode serves is not reachable through floe's
     # proxy, whatever key a harness holds
-    sess = http_json("POST", started[0].control + "/floe/v1/sessions", {"task_id": "probe", "group_id": "probe", "group_size": 2})
+    sess = http_json(
+        "POST",
+        started[0].control + "/floe/v1/sessions",
+        {"task_id": "probe", "group_id": "probe", "group_size": 2},
+    )
     req = urllib.request.Request(
-        started[0].proxy + "/collective_rpc", method="POST",
+        started[0].proxy + "/collective_rpc",
+        method="POST",
         data=json.dumps({"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}).encode(),
         headers={"Authorization": f"Bearer {sess['api_key']}", "Content-Type": "application/json"},
     )
