@@ -132,7 +132,7 @@ func Medium() Config {
 // that truncates at 12k would pass them on). Contexts reach the compaction threshold in a
 // dozen calls, so sessions are short chains of few, heavy calls: fewer, larger units for
 // the packer, and micro-batches whose cost is mostly attention. 8 groups; the TRL
-// comparison runs 4.
+// comparison runs 2 (its Python planner takes minutes a setting here).
 func LongTool() Config {
 	c := Default()
 	c.Groups = 8
