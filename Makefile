@@ -172,11 +172,12 @@ TRL_WORK   ?= /tmp/floe-trl-bench
 bench-trl: venv
 	mkdir -p $(TRL_WORK)
 	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
-	rm -rf $(TRL_WORK)/before && git worktree prune && git worktree add -f --detach $(TRL_WORK)/before $(TRL_BEFORE)
+	rm -rf $(TRL_WORK)/before && mkdir -p $(TRL_WORK)/before && git archive $(TRL_BEFORE) | tar -x -C $(TRL_WORK)/before
 	cp cmd/floe-bench/trl.go $(TRL_WORK)/before/cmd/floe-bench/
+	grep -q 'func Preset' $(TRL_WORK)/before/benchmarks/corpus/config.go || cp benchmarks/trl_before_preset.go.in $(TRL_WORK)/before/benchmarks/corpus/preset.go
 	sed -i 's|\tcase "proxy":|\tcase "trl":\n\t\terr = runTRL(ctx, args[1:], stdout, stderr)\n\tcase "proxy":|' $(TRL_WORK)/before/cmd/floe-bench/main.go
 	cd $(TRL_WORK)/before && $(GO) build -o $(TRL_WORK)/floe-bench-before ./cmd/floe-bench
-	git worktree remove --force $(TRL_WORK)/before
+	rm -rf $(TRL_WORK)/before
 	TRL_EXPERIMENTAL_SILENCE=1 $(VPY) benchmarks/trl_bench.py --bin $(TRL_WORK)/floe-bench \
 		--before-bin $(TRL_WORK)/floe-bench-before --before-ref $(TRL_BEFORE) --work $(TRL_WORK)
 

@@ -60,7 +60,9 @@ func (c Config) cost(b *bin) float64 {
 //     The plan of least rows + c × micro-batches wins (splitPack).
 //  5. With dp > 1, the micro-batches are levelled: the same count is re-packed under a
 //     lower cap or worst-fit, within a small row overhead, so that the micro-batches of
-//     every rank are alike and lockstep passes wait on no straggler (level).
+//     every rank are alike and lockstep passes wait on no straggler (level). Then units
+//     and whole pieces are moved or swapped between micro-batches while that lowers the
+//     lockstep cost further, never adding rows nor micro-batches (refine).
 func pack(units []unit, budget int64, dp int, passCost float64, w weight) ([]piece, []bin, error) {
 	var parts []*part
 	for start := 0; start < len(units); {
@@ -97,6 +99,7 @@ func pack(units []unit, budget int64, dp int, passCost float64, w weight) ([]pie
 	drafts = splitPack(parts, drafts, budget, dp, passCost)
 	if dp > 1 {
 		drafts = level(parts, drafts, budget, dp, passCost > 0, w)
+		drafts = refine(drafts, budget, draftRows(drafts), dp, w)
 	}
 	var pieces []piece
 	bins := make([]bin, len(drafts))
@@ -596,4 +599,326 @@ func (h *roomHeap) Pop() any {
 	x := h.idx[len(h.idx)-1]
 	h.idx = h.idx[:len(h.idx)-1]
 	return x
+}
+
+// refineRounds bounds refine's moves per step, and refineWork the draft costs its
+// candidate moves may visit in all: a deterministic bound on its time, tens of
+// milliseconds at most (the issue-23 settings visit ~40k; per_request's 768 micro-batches
+// of the default corpus at dp 8, 8.5M).
+const (
+	refineRounds = 512
+	refineWork   = 1 << 24
+)
+
+// refine moves units (whole subtrees, as pack cut them) or whole pieces between the
+// drafts, or swaps two pieces, while that lowers their lockstep cost (lockstepCost:
+// sorted heaviest first, cut into rows of dp, Σ of each row's heaviest), every draft
+// stays within budget and the drafts within limit rows. It returns the drafts as of the
+// last move that lowered the lockstep cost, or the drafts given when none did.
+//
+// Each round takes, out of a row's heaviest draft, the move that lowers the lockstep
+// cost most. When there is none, it takes the move between any two drafts that evens
+// them most (lowers Σ cost²) while the lockstep cost stays as it is, so that a later
+// round finds one: every round lowers the lockstep cost, or keeps it and lowers Σ cost²,
+// so no plan repeats. A move goes into one of the 2·dp lightest drafts, or a unit into a
+// draft holding a piece of its tree (where it adds fewest path rows). Ties go to the first
+// found: the plan is deterministic. A moved unit brings the path rows above it that its
+// new micro-batch lacks and leaves behind those its old piece no longer needs; pack
+// passes the levelled plan's rows as limit, so refine never adds rows, and never changes
+// the number of micro-batches: the pass-cost objective cannot get worse, only the
+// lockstep wait lower.
+//
+// Why: level evens the drafts by rows (best-fit under row caps) or greedily by cost
+// (worst-fit over whole pieces). But a micro-batch's cost is mostly attention where
+// contexts are long (Σ(depth+1)/16384 reaches 1.4× the rows at 60k-token paths), so
+// drafts of equal rows differ by up to 2× in cost; and where a micro-batch holds about one
+// session, no cap evens them: the heaviest unsplittable units fix the top row, and only
+// the rows below it can be evened, each against its own heaviest. That left lockstep
+// imbalances of 1.060 and 1.076 on the two settings of issue 23 (default:8 at B = 65536,
+// dp 8; medium:6 seed 7 at B = 16384, dp 16); moving single units out of each row's
+// heaviest micro-batch brings them to 1.043 and 1.049 with no more rows. Balancing the
+// sums alone (Karmarkar–Karp) would not: it evens ranks, not micro-batch k across ranks.
+func refine(ds []*binDraft, budget, limit int64, dp int, w weight) []*binDraft {
+	n := len(ds)
+	if dp < 2 || n < dp {
+		return ds
+	}
+	in := ds
+	ds = slices.Clone(ds)
+	for i, d := range ds {
+		if d == nil {
+			ds[i] = &binDraft{}
+		} else {
+			ds[i] = &binDraft{rows: d.rows, parts: d.parts} // parts are cloned before they change
+		}
+	}
+	pw := func(p *part) float64 { return w.row*float64(p.rows) + w.attn*p.attn }
+	costs := make([]float64, n)
+	for i, d := range ds {
+		costs[i] = w.of(d)
+	}
+	rows := draftRows(ds)
+	order := make([]int, n) // drafts heaviest first, ties by index
+	work := 0
+	// stepCost is the lockstep cost with draft a at ca and draft b at cb instead: the two
+	// merged into the others' order.
+	stepCost := func(a int, ca float64, b int, cb float64) float64 {
+		work += n
+		if ca < cb {
+			ca, cb = cb, ca
+		}
+		var t float64
+		k := 0
+		emit := func(c float64) {
+			if k%dp == 0 {
+				t += c
+			}
+			k++
+		}
+		pending := 2
+		for _, i := range order {
+			if i == a || i == b {
+				continue
+			}
+			c := costs[i]
+			if pending == 2 && ca >= c {
+				emit(ca)
+				pending--
+			}
+			if pending == 1 && cb >= c {
+				emit(cb)
+				pending--
+			}
+			emit(c)
+		}
+		if pending == 2 {
+			emit(ca)
+		}
+		if pending >= 1 {
+			emit(cb)
+		}
+		return t
+	}
+	// kept is the plan as of the last move that lowered the lockstep cost: the evening
+	// moves after it, which lowered nothing yet, are dropped. Parts are cloned before they
+	// change, so copies of the drafts stay as they were.
+	var kept []binDraft
+	type move struct {
+		src, dst   int
+		pi, ui, qi int // part in src; unit in it (-1: the whole part); part in dst to swap (-1: none)
+		srcC, dstC float64
+		rows       int64 // rows added
+	}
+	type tree struct {
+		lay  *layout
+		root int32
+	}
+	light := min(n, 2*dp)
+	holds := map[tree][]int{} // the drafts holding a piece of each tree, this round
+	mark := make([]bool, n)
+	// each calls fn with every move out of draft a: a whole part to a light draft, a part
+	// swapped for a lighter one there (with swaps), a unit of a part of several to a light
+	// draft or one holding its tree.
+	each := func(a int, swaps bool, fn func(move)) {
+		da := ds[a]
+		lightest := order[n-light:]
+		for i, p := range da.parts {
+			wp := pw(p)
+			for _, b := range lightest {
+				if b == a {
+					continue
+				}
+				db := ds[b]
+				work++
+				if db.rows+p.rows <= budget {
+					fn(move{a, b, i, -1, -1, costs[a] - wp, costs[b] + wp, 0})
+				}
+				if !swaps {
+					continue
+				}
+				for j, q := range db.parts {
+					work++
+					wq := pw(q)
+					if wq >= wp || da.rows-p.rows+q.rows > budget || db.rows-q.rows+p.rows > budget {
+						continue
+					}
+					fn(move{a, b, i, -1, j, costs[a] - wp + wq, costs[b] + wp - wq, 0})
+				}
+			}
+			if len(p.units) < 2 {
+				continue
+			}
+			targets := slices.Clone(lightest)
+			for _, b := range lightest {
+				mark[b] = true
+			}
+			for _, b := range holds[tree{p.lay, p.root}] {
+				if !mark[b] {
+					targets = append(targets, b)
+				}
+			}
+			for _, b := range lightest {
+				mark[b] = false
+			}
+			for ui, u := range p.units {
+				rest := p.without(ui)
+				work += len(p.units)
+				freed, wFreed := p.rows-rest.rows, wp-pw(rest)
+				for _, b := range targets {
+					if b == a {
+						continue
+					}
+					work++
+					if add, wAdd := ds[b].unitWeight(u, budget, w); add >= 0 {
+						fn(move{a, b, i, ui, -1, costs[a] - wFreed, costs[b] + wAdd, add - freed})
+					}
+				}
+			}
+		}
+	}
+	for range refineRounds {
+		if work > refineWork {
+			break
+		}
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(costs[b], costs[a]) })
+		clear(holds)
+		for i, d := range ds {
+			for _, p := range d.parts {
+				k := tree{p.lay, p.root}
+				if h := holds[k]; len(h) == 0 || h[len(h)-1] != i {
+					holds[k] = append(h, i)
+				}
+			}
+		}
+		var t float64
+		for k := 0; k < n; k += dp {
+			t += costs[order[k]]
+		}
+		// First the move out of a row's heaviest draft that lowers the lockstep cost most.
+		bestT := t * (1 - 1e-9)
+		var best *move
+		for k := 0; k < n; k += dp {
+			each(order[k], true, func(m move) {
+				if m.dstC >= costs[m.src] || rows+m.rows > limit {
+					return
+				}
+				if c := stepCost(m.src, m.srcC, m.dst, m.dstC); c < bestT {
+					bestT, best = c, &m
+				}
+			})
+		}
+		lowered := best != nil
+		if best == nil {
+			// None: the move that evens two drafts most and keeps the lockstep cost.
+			type even struct {
+				m move
+				d float64
+			}
+			var cands []even
+			for a := range ds {
+				each(a, false, func(m move) {
+					if m.dstC >= costs[m.src] || rows+m.rows > limit {
+						return
+					}
+					d := m.srcC*m.srcC + m.dstC*m.dstC - costs[m.src]*costs[m.src] - costs[m.dst]*costs[m.dst]
+					if d < -1e-9*costs[m.src]*costs[m.src] {
+						cands = append(cands, even{m, d})
+					}
+				})
+			}
+			slices.SortStableFunc(cands, func(x, y even) int { return cmp.Compare(x.d, y.d) })
+			for _, c := range cands[:min(len(cands), 32)] {
+				if stepCost(c.m.src, c.m.srcC, c.m.dst, c.m.dstC) <= t {
+					best = &c.m
+					break
+				}
+			}
+		}
+		if best == nil {
+			break
+		}
+		m := *best
+		da, db := ds[m.src], ds[m.dst]
+		p := da.parts[m.pi]
+		switch {
+		case m.ui >= 0:
+			u := p.units[m.ui]
+			rest := p.without(m.ui)
+			da.parts = slices.Clone(da.parts)
+			da.parts[m.pi] = rest
+			da.rows += rest.rows - p.rows
+			db.parts = slices.Clone(db.parts)
+			var into *part
+			for j, q := range db.parts {
+				if q.lay == u.lay && q.root == u.root {
+					cp := *q
+					cp.units, cp.onPath = slices.Clone(q.units), maps.Clone(q.onPath)
+					into, db.parts[j] = &cp, &cp
+					break
+				}
+			}
+			if into == nil {
+				into = newPart(u)
+				db.parts = append(db.parts, into)
+			}
+			db.rows += into.addUnit(u)
+		case m.qi < 0:
+			da.parts = slices.Delete(slices.Clone(da.parts), m.pi, m.pi+1)
+			db.parts = append(slices.Clone(db.parts), p)
+			da.rows -= p.rows
+			db.rows += p.rows
+		default:
+			q := db.parts[m.qi]
+			da.parts, db.parts = slices.Clone(da.parts), slices.Clone(db.parts)
+			da.parts[m.pi], db.parts[m.qi] = q, p
+			da.rows += q.rows - p.rows
+			db.rows += p.rows - q.rows
+		}
+		costs[m.src], costs[m.dst] = w.of(da), w.of(db)
+		rows = draftRows(ds)
+		if lowered {
+			kept = kept[:0]
+			for _, d := range ds {
+				kept = append(kept, *d)
+			}
+		}
+	}
+	if kept == nil {
+		return in
+	}
+	out := make([]*binDraft, n)
+	for i := range kept {
+		out[i] = &kept[i]
+	}
+	return out
+}
+
+// without returns a new part holding p's units but the i-th, and only their paths.
+func (p *part) without(i int) *part {
+	var np *part
+	for k, u := range p.units {
+		if k == i {
+			continue
+		}
+		if np == nil {
+			np = newPart(u)
+		}
+		np.addUnit(u)
+	}
+	return np
+}
+
+// unitWeight is the rows and the weight u adds to d: its own and the path d's part of
+// its tree lacks (all of it when d has none); rows is -1 when it does not fit budget.
+func (d *binDraft) unitWeight(u *unit, budget int64, w weight) (int64, float64) {
+	rows, _ := d.unitCost(u, budget)
+	if rows < 0 {
+		return -1, 0
+	}
+	extra := rows - u.rows
+	attn := u.lay.subAttn[u.node] + tri(u.above) - tri(u.above-extra)
+	return rows, w.row*float64(rows) + w.attn*attn
 }

@@ -1,6 +1,7 @@
 package batcher
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -188,6 +189,151 @@ func TestBalanceIsLockstep(t *testing.T) {
 		a, b := costs[ranks[0][k]], costs[ranks[1][k]]
 		if a != b {
 			t.Fatalf("micro-batch %d costs %v on rank 0 and %v on rank 1; want alike (%v)", k, a, b, ranks)
+		}
+	}
+}
+
+// TestRefineKeepsUnitsAndLowersLockstep checks refine on levelled drafts of corpus steps:
+// every unit stays in exactly one draft, each draft's rows are its parts' and each part's
+// rows are what its units and their paths take, no draft exceeds the budget, the rows stay
+// within the limit, the draft count is kept, and the lockstep cost never rises.
+func TestRefineKeepsUnitsAndLowersLockstep(t *testing.T) {
+	cc := corpus.Small()
+	cc.Groups = 8
+	w := weight{1, 1.0 / 64}
+	lowered := 0
+	for seed := int64(1); seed <= 3; seed++ {
+		groups, err := corpus.Generate(cc, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := DefaultConfig()
+		for _, budget := range []int64{1024, 2048, 4096} {
+			var units []unit
+			for i := range groups {
+				r, err := Reconstruct(&groups[i], cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				us, err := r.lay.units(budget, int32(i*100), func(int32) string { return "" })
+				if err != nil {
+					t.Fatal(err)
+				}
+				units = append(units, us...)
+			}
+			var parts []*part
+			for start := 0; start < len(units); {
+				end := start + 1
+				for end < len(units) && units[end].lay == units[start].lay && units[end].root == units[start].root {
+					end++
+				}
+				parts = packTree(parts, units[start:end], budget)
+				start = end
+			}
+			slices.SortStableFunc(parts, func(a, b *part) int { return int(b.rows - a.rows) })
+			for _, dp := range []int{2, 3, 4} {
+				drafts := bestFit(parts, budget)
+				for len(drafts)%dp != 0 {
+					drafts = append(drafts, nil)
+				}
+				rows := draftRows(drafts)
+				limit := rows + int64(float64(rows)*levelOverhead)
+				levelled := level(parts, drafts, budget, dp, true, w)
+				before := lockstepCost(levelled, dp, w)
+				got := refine(levelled, budget, limit, dp, w)
+				after := lockstepCost(got, dp, w)
+				if len(got) != len(levelled) {
+					t.Fatalf("refine returned %d drafts for %d", len(got), len(levelled))
+				}
+				if after > before {
+					t.Errorf("seed %d B %d dp %d: lockstep cost %v rose to %v", seed, budget, dp, before, after)
+				}
+				if after < before {
+					lowered++
+				}
+				if r := draftRows(got); r > limit {
+					t.Errorf("seed %d B %d dp %d: %d rows over the limit %d", seed, budget, dp, r, limit)
+				}
+				type leafKey struct {
+					lay *layout
+					k   int32
+				}
+				leaves := func(ds []*binDraft) map[leafKey]int {
+					m := map[leafKey]int{}
+					for _, d := range ds {
+						if d == nil {
+							continue
+						}
+						for _, p := range d.parts {
+							for _, u := range p.units {
+								for k := u.lay.leafLo[u.node]; k < u.lay.leafHi[u.node]; k++ {
+									m[leafKey{u.lay, k}]++
+								}
+							}
+						}
+					}
+					return m
+				}
+				want, have := leaves(levelled), leaves(got)
+				if len(want) != len(have) {
+					t.Fatalf("seed %d B %d dp %d: %d leaves placed, want %d", seed, budget, dp, len(have), len(want))
+				}
+				for k, n := range have {
+					if n != 1 || want[k] != 1 {
+						t.Fatalf("seed %d B %d dp %d: a leaf placed %d times (%d before refine)", seed, budget, dp, n, want[k])
+					}
+				}
+				for _, d := range got {
+					var sum int64
+					for _, p := range d.parts {
+						sum += p.rows
+						if re := p.without(-1); re.rows != p.rows || math.Abs(re.attn-p.attn) > 1e-9*p.attn {
+							t.Errorf("part of %d rows, %v attention rebuilds to %d, %v", p.rows, p.attn, re.rows, re.attn)
+						}
+					}
+					if sum != d.rows || d.rows > budget {
+						t.Errorf("draft of %d rows holds parts of %d (budget %d)", d.rows, sum, budget)
+					}
+				}
+			}
+		}
+	}
+	if lowered == 0 {
+		t.Error("refine never lowered the lockstep cost")
+	}
+}
+
+// TestLockstepIssue23 pins the two settings of issue 23 where levelling alone left the
+// lockstep imbalance above 1.05 with ≥ 4 micro-batches per rank (1.060 and 1.076).
+func TestLockstepIssue23(t *testing.T) {
+	if testing.Short() {
+		t.Skip("generates the default corpus")
+	}
+	for _, s := range []struct {
+		preset     string
+		groups     int
+		seed       int64
+		budget, dp int
+	}{{"default", 8, 1, 65536, 8}, {"medium", 6, 7, 16384, 16}} {
+		cc, err := corpus.Preset(s.preset, s.groups)
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups, err := corpus.Generate(cc, s.seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []float64{0, 1024} {
+			cfg := DefaultConfig()
+			cfg.TokenBudget, cfg.DPSize, cfg.PassCost = s.budget, s.dp, c
+			st, err := FormStep(1, groups, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Stats.MicroBatches < 4*s.dp || st.Stats.LockstepImbalance > 1.05 {
+				t.Errorf("%s:%d seed %d B %d dp %d c %v: lockstep imbalance %.4f over %d micro-batches",
+					s.preset, s.groups, s.seed, s.budget, s.dp, c, st.Stats.LockstepImbalance, st.Stats.MicroBatches)
+			}
 		}
 	}
 }

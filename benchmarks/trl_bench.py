@@ -135,14 +135,33 @@ def run_trl(samples, budget: int, dp: int):
     }
 
 
-def floe_bench(binary: str, corpus: str, groups: int, budgets, dps, costs, calls: str | None, out: str):
-    cmd = [binary, "trl", "-corpus", corpus, "-groups", str(groups), "-budgets", ",".join(map(str, budgets)),
-           "-dp", ",".join(map(str, dps)), "-pass-costs", ",".join(costs), "-out", out, "-repeats", "3"]
+def floe_bench(binary: str, corpus: str, groups: int, seed: int, budgets, dps, costs, calls: str | None, out: str,
+               optional: bool = False):
+    """floe's results; with optional, [] when this build cannot run the corpus (a preset
+    added after the before commit)."""
+    cmd = [binary, "trl", "-corpus", corpus, "-groups", str(groups), "-seed", str(seed), "-budgets",
+           ",".join(map(str, budgets)), "-dp", ",".join(map(str, dps)), "-pass-costs", ",".join(costs),
+           "-out", out, "-repeats", "3"]
     if calls:
         cmd += ["-calls", calls]
     env = dict(os.environ, GOMAXPROCS="1")
-    subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
+    try:
+        subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
+    except subprocess.CalledProcessError:
+        if optional:
+            return []
+        raise
     return json.loads(Path(out).read_text())
+
+
+def parse_spec(spec: str, all_budgets):
+    """config:groups[:seed][@B;B...]: a corpus, its seed (default 1), and the budgets it runs
+    at (default all; @ restricts it to those, e.g. where its paths are longer than the others)."""
+    spec, _, only = spec.partition("@")
+    name, groups, *rest = spec.split(":")
+    seed = int(rest[0]) if rest else 1
+    budgets = [int(b) for b in only.split(";")] if only else all_budgets
+    return spec, name, int(groups), seed, budgets
 
 
 def main() -> int:
@@ -150,17 +169,21 @@ def main() -> int:
     ap.add_argument("--bin", required=True, help="floe-bench built from this tree")
     ap.add_argument("--before-bin", help="floe-bench built at the commit before the packer change")
     ap.add_argument("--before-ref", default="", help="that commit, for the report")
-    ap.add_argument("--corpora", default="cpu:32,medium:4,medium:16,default:4@65536",
-                    help="config:groups[@B;B...], comma-separated; @ restricts a corpus to those budgets")
+    ap.add_argument("--corpora",
+                    default="cpu:32,medium:4,medium:16,default:4@65536,default:8@65536,medium:6:7@16384,longtool:2@65536",
+                    help="config:groups[:seed][@B;B...], comma-separated; @ restricts a corpus to those budgets")
     ap.add_argument("--floe-only", default="default:32@65536",
                     help="corpora packed by floe alone, before and after (too large for TRL's Python planner here)")
     ap.add_argument("--budgets", default="16384,65536")
-    ap.add_argument("--dp", default="1,8")
+    ap.add_argument("--dp", default="1,8,16")
     ap.add_argument("--work", default="/tmp/floe-trl-bench")
     ap.add_argument("--out", default="benchmarks/results/trl/REPORT.md")
     ap.add_argument("--json", default="benchmarks/results/trl/results.json")
     ap.add_argument("--core", type=int, default=-1, help="the core to pin TRL and floe to (default: the lowest)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the report from --json")
+    ap.add_argument("--reuse-trl", default="",
+                    help="an earlier results JSON: take TRL's figures from it for every setting it has on the same "
+                         "calls (same corpus, call and token counts), instead of running TRL's planner again")
     args = ap.parse_args()
     if args.report_only:
         Path(args.out).write_text(report(json.loads(Path(args.json).read_text()), args))
@@ -178,20 +201,28 @@ def main() -> int:
     import trl
 
     results = {"trl_version": trl.__version__, "before_ref": args.before_ref, "settings": []}
+    earlier = {}
+    if args.reuse_trl:
+        old = json.loads(Path(args.reuse_trl).read_text())
+        if old["trl_version"] == trl.__version__:
+            earlier = {(o["corpus"], o["calls"], o["tokens"], o["budget"], o["dp"]): o["trl"] for o in old["settings"]}
     all_budgets = budgets
     for spec in args.corpora.split(","):
-        spec, _, only = spec.partition("@")  # config:groups[@B;B]: only these budgets (paths longer than B)
-        budgets = [int(b) for b in only.split(";")] if only else all_budgets
-        name, groups = spec.split(":")
-        prefix = str(work / f"{name}-{groups}")
-        after = floe_bench(args.bin, name, int(groups), budgets, dps, fracs + ["1024"], prefix, prefix + ".after.json")
-        before = floe_bench(args.before_bin, name, int(groups), budgets, dps, ["0"], None, prefix + ".before.json") if args.before_bin else []
+        spec, name, groups, seed, budgets = parse_spec(spec, all_budgets)
+        prefix = str(work / spec.replace(":", "-"))
+        after = floe_bench(args.bin, name, groups, seed, budgets, dps, fracs + ["1024"], prefix, prefix + ".after.json")
+        before = floe_bench(args.before_bin, name, groups, seed, budgets, dps, ["0"], None, prefix + ".before.json",
+                            optional=True) if args.before_bin else []
         samples = load_calls(prefix)
         ntok = sum(len(s["input_ids"]) for s in samples)
         print(f"{spec}: {len(samples)} calls, {ntok} tokens", file=sys.stderr)
         for b in budgets:
             for dp in dps:
-                t = run_trl(samples, b, dp)
+                t = earlier.get((spec, len(samples), ntok, b, dp))
+                if t is not None:
+                    t = dict(t, reused=True)  # TRL's planner is deterministic: the same calls give the same plan
+                else:
+                    t = run_trl(samples, b, dp)
                 f = [r for r in after if r["budget"] == b and r["dp"] == dp]
                 bf = [r for r in before if r["budget"] == b and r["dp"] == dp]
                 print(f"  B={b} dp={dp}: trl {t['rows']} rows {t['passes_per_rank']} passes {t['seconds']:.1f}s; "
@@ -201,12 +232,11 @@ def main() -> int:
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(results, indent=1))
     for spec in filter(None, args.floe_only.split(",")):
-        spec, _, only = spec.partition("@")
-        name, groups = spec.split(":")
-        bs = [int(b) for b in only.split(";")] if only else all_budgets
-        prefix = str(work / f"{name}-{groups}")
-        after = floe_bench(args.bin, name, int(groups), bs, dps, ["0", "1024", "1/8"], None, prefix + ".after.json")
-        before = floe_bench(args.before_bin, name, int(groups), bs, dps, ["0"], None, prefix + ".before.json") if args.before_bin else []
+        spec, name, groups, seed, bs = parse_spec(spec, all_budgets)
+        prefix = str(work / spec.replace(":", "-"))
+        after = floe_bench(args.bin, name, groups, seed, bs, dps, ["0", "1024", "1/8"], None, prefix + ".after.json")
+        before = floe_bench(args.before_bin, name, groups, seed, bs, dps, ["0"], None, prefix + ".before.json",
+                            optional=True) if args.before_bin else []
         results.setdefault("floe_only", []).append({"corpus": spec, "after": after, "before": before})
         Path(args.json).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(report(results, args))
@@ -245,23 +275,38 @@ def report(res, args) -> str:
                "on cost = rows + Σ(depth+1)/16384 (floe's default rank cost). K/V gather: TRL's len(tree_kv_index). "
                "Pack time: planning and packing (TRL: TokenBudgetBatcher + TreeRow.pack(); floe: reconstruct, pack, "
                "encode every Arrow micro-batch), one core each, in one run.")
+    reused = sum(bool(s["trl"].get("reused")) for s in res["settings"])
+    if reused:
+        out.append("")
+        out.append(f"TRL's figures for {reused} of the {len(res['settings'])} settings (their time ratio marked †) come from "
+                   "the previous run's results.json (`--reuse-trl`): the same TRL version on the same calls (corpus, call "
+                   "and token counts checked), and TRL's planner is deterministic, so only its time is from another run.")
     out.append("")
     doms = [dominance(s) for s in res["settings"] if any(not r.get("error") for r in s["floe"])]
     lock = []
     for s in res["settings"]:
         for r in s["floe"]:
             if not r.get("error") and s["dp"] > 1 and r["passes_per_rank"] >= 4:
-                lock.append((r["lockstep_imbalance"], r["pass_cost"], s["corpus"], s["budget"]))
+                lock.append((r["lockstep_imbalance"], r["pass_cost"], s["corpus"], s["budget"], s["dp"]))
     out.append("## Summary")
     out.append("")
     out.append(f"- Dominance: in {sum(ok for ok, _ in doms)} of {len(doms)} settings floe's cost (tokens + c × passes) "
                f"is at most TRL's for every c in [0, B/8]; the smallest TRL/floe cost ratio over all settings and c is "
                f"{min((w for _, w in doms), default=float('nan')):.3f}.")
-    dflt = [x for x in lock if x[1] == 1024]
-    out.append(f"- Lockstep imbalance where ranks get ≥ 4 micro-batches each (dp = 8): at the default c = 1024, "
-               f"max {max((x[0] for x in dflt), default=float('nan')):.3f} over {len(dflt)} settings; over every c "
-               f"of the grid, max {max((x[0] for x in lock), default=float('nan')):.3f} (c = 0 never splits a tree "
+    dflt = list({(x[2], x[3], x[4]): x for x in lock if x[1] == 1024}.values())  # one per setting
+    worst = max(dflt, default=None)
+    per_dp = "; ".join(f"dp {dp}: max {max(x[0] for x in dflt if x[4] == dp):.3f} over "
+                       f"{sum(x[4] == dp for x in dflt)} settings" for dp in sorted({x[4] for x in dflt}))
+    over = sum(x[0] > 1.05 for x in dflt)
+    out.append(f"- Lockstep imbalance where ranks get ≥ 4 micro-batches each, at the default c = 1024: {per_dp}"
+               + (f" (the worst: {worst[2]}, B = {worst[3]}, dp {worst[4]})" if worst else "")
+               + f"; {over} above the 1.05 target. Over every c of the grid, max "
+               f"{max((x[0] for x in lock), default=float('nan')):.3f} (c = 0 never splits a tree "
                f"that fits, so levelling there moves only whole pieces).")
+    trl_lock = [(s["trl"]["lockstep_imbalance"], f["lockstep_imbalance"]) for s in res["settings"] if s["dp"] > 1
+                for f in s["floe"][-1:] if f["pass_cost"] == 1024 and not f.get("error") and f["passes_per_rank"] >= 4]
+    out.append(f"- floe's lockstep imbalance (c = 1024) is at most TRL's in {sum(f <= t for t, f in trl_lock)} of "
+               f"{len(trl_lock)} of those settings.")
     padded = [dominance(s, True) for s in res["settings"] if any(not r.get("error") for r in s["floe"])]
     out.append(f"- Counting padding as forwarded tokens (floe pads each micro-batch to a multiple of 128; TRL's collator "
                f"pads every rank's row to the micro-batch's longest): {sum(ok for ok, _ in padded)} of "
@@ -292,7 +337,7 @@ def report(res, args) -> str:
                    f"{t['passes_per_rank']} | {f['passes_per_rank']} | {t['fill']:.3f} | {f['fill']:.3f} | "
                    f"{t['imbalance']:.3f} | {f['imbalance']:.3f} | {t['lockstep_imbalance']:.3f} | {f['lockstep_imbalance']:.3f} | "
                    f"{t['depth_sum']:.3g} | {f['depth_sum']:.3g} | {t['kv_gather']:.3g} | {eq} ({t['loss_terms']}) | "
-                   f"{t['seconds'] / max(f['seconds'], 1e-9):.0f}× | {'yes' if ok else 'NO'} ({worst:.3f}) |")
+                   f"{t['seconds'] / max(f['seconds'], 1e-9):.0f}×{'†' if t.get('reused') else ''} | {'yes' if ok else 'NO'} ({worst:.3f}) |")
     out.append("")
     out.append("## floe's plan at each pass cost c against TRL (tokens + c × passes, over all ranks)")
     out.append("")

@@ -127,6 +127,20 @@ func Medium() Config {
 	return c
 }
 
+// LongTool is Default's agent where tools return long outputs: whole files, test logs,
+// search results of several thousand tokens (median 3,000, up to 12,000, as a harness
+// that truncates at 12k would pass them on). Contexts reach the compaction threshold in a
+// dozen calls, so sessions are short chains of few, heavy calls: fewer, larger units for
+// the packer, and micro-batches whose cost is mostly attention. 8 groups; the TRL
+// comparison runs 2 (its Python planner takes minutes a setting here).
+func LongTool() Config {
+	c := Default()
+	c.Groups = 8
+	// Median 3,000, sigma 0.6: mean ≈ 3,560 after clipping; ~1.0% truncated at 12,000, ~0.1% at the floor.
+	c.ToolOutputTokens = Skewed{Min: 500, Max: 12_000, Median: 3_000, Sigma: 0.6}
+	return c
+}
+
 // CPU is Default's agent (its event rates, its shape of sessions) at about a twentieth of
 // its context: system prompts of 200–600 tokens, compaction at 2,400, contexts up to
 // 3,000. Sized for end-to-end runs whose trainer is on a CPU (floe-bench e2e), where
@@ -309,9 +323,9 @@ func (s Skewed) validate(name string, floor int) error {
 }
 
 // Presets are the names Preset knows, smallest first.
-const Presets = "small, cpu, medium or default"
+const Presets = "small, cpu, medium, default or longtool"
 
-// Preset returns the named corpus configuration (Small, CPU, Medium or Default) with its
+// Preset returns the named corpus configuration (Small, CPU, Medium, Default or LongTool) with its
 // group count replaced by groups when groups > 0.
 func Preset(name string, groups int) (Config, error) {
 	var c Config
@@ -324,6 +338,8 @@ func Preset(name string, groups int) (Config, error) {
 		c = Medium()
 	case "default":
 		c = Default()
+	case "longtool":
+		c = LongTool()
 	default:
 		return Config{}, fmt.Errorf("unknown corpus %q (want %s)", name, Presets)
 	}

@@ -442,8 +442,8 @@ func TestStatsMarkdown(t *testing.T) {
 	}
 }
 
-func TestMediumAndCPUAreValid(t *testing.T) {
-	for name, cfg := range map[string]Config{"medium": Medium(), "cpu": CPU()} {
+func TestPresetsAreValid(t *testing.T) {
+	for name, cfg := range map[string]Config{"medium": Medium(), "cpu": CPU(), "longtool": LongTool()} {
 		t.Run(name, func(t *testing.T) { checkPreset(t, cfg) })
 	}
 }
@@ -510,7 +510,7 @@ func TestParsePromptReadsWhatTheGeneratorRendered(t *testing.T) {
 }
 
 func TestPreset(t *testing.T) {
-	for name, want := range map[string]Config{"small": Small(), "cpu": CPU(), "medium": Medium(), "default": Default()} {
+	for name, want := range map[string]Config{"small": Small(), "cpu": CPU(), "medium": Medium(), "default": Default(), "longtool": LongTool()} {
 		got, err := Preset(name, 0)
 		if err != nil || got.Groups != want.Groups {
 			t.Errorf("Preset(%q, 0) = %d groups, %v; want %d", name, got.Groups, err, want.Groups)

@@ -17,8 +17,9 @@ type Setting struct {
 	DP     int `json:"dp"`
 }
 
-// DefaultSettings are the issue's grid: B = 16k, 64k, 128k at dp 1 and 8.
-var DefaultSettings = []Setting{{16384, 1}, {16384, 8}, {65536, 1}, {65536, 8}, {131072, 1}, {131072, 8}}
+// DefaultSettings are the issue's grid: B = 16k, 64k, 128k at dp 1, 8 and 16.
+var DefaultSettings = []Setting{{16384, 1}, {16384, 8}, {16384, 16}, {65536, 1}, {65536, 8}, {65536, 16},
+	{131072, 1}, {131072, 8}, {131072, 16}}
 
 // Headline is the setting the summary line and the docs quote.
 var Headline = Setting{65536, 8}
@@ -36,8 +37,12 @@ type Cell struct {
 	CutFloor     int64   `json:"cut_floor"`
 	DistinctRows int64   `json:"distinct_rows"`
 	Fill         float64 `json:"fill"`
-	PackSeconds  float64 `json:"pack_seconds"` // cut, pack and balance; fastest of the repeats
-	LossTerms    int64   `json:"loss_terms"`
+	// Imbalance is the heaviest rank's cost over the mean; LockstepImbalance Σ_k max_r
+	// cost(rank r's micro-batch k) over Σ_k mean_r (batcher.Stats).
+	Imbalance         float64 `json:"imbalance"`
+	LockstepImbalance float64 `json:"lockstep_imbalance"`
+	PackSeconds       float64 `json:"pack_seconds"` // cut, pack and balance; fastest of the repeats
+	LossTerms         int64   `json:"loss_terms"`
 	// LossTermsEqual: the Arrow micro-batches decode to exactly per_request's multiset.
 	LossTermsEqual bool   `json:"loss_terms_equal"`
 	LossTermsDiff  string `json:"loss_terms_diff,omitempty"`
@@ -147,6 +152,7 @@ func measureCell(recs []*batcher.Reconstructed, want Terms, cfg batcher.Config, 
 	ss := st.Stats
 	c.Rows, c.PaddedRows, c.MicroBatches, c.Passes = ss.Rows, ss.PaddedRows, ss.MicroBatches, ss.MicroBatches/set.DP
 	c.CutFloor, c.DistinctRows, c.Fill = ss.CutFloor, ss.DistinctRows, ss.Fill
+	c.Imbalance, c.LockstepImbalance = ss.Imbalance, ss.LockstepImbalance
 	got, err := StepTerms(st)
 	if err != nil {
 		return c, err

@@ -70,6 +70,7 @@ func Markdown(results []Result) string {
 			filepath.Base(r.File), r.Harness, r.M.Calls, r.M.Sessions, r.M.Groups, num(r.M.InputTokens),
 			rows(pr), rows(pm), rows(tr), ratio(pr, pm), ratio(pr, tr), ratio(pm, tr), floorRatio(tr), yes(r.M.LossTermsEqual()))
 	}
+	lockstep(&b, results)
 	for _, r := range results {
 		fmt.Fprintf(&b, "\n## %s, harness prompt %s\n\n", filepath.Base(r.File), r.Harness)
 		m := r.M
@@ -87,28 +88,73 @@ func Markdown(results []Result) string {
 			fmt.Fprintf(&b, "%s %.1f ms", st, 1000*m.ReconstructSeconds[st])
 		}
 		b.WriteString(".\n\n")
-		b.WriteString("| B | dp | strategy | rows forwarded | vs per_request | passes per rank | micro-batches | fill | rows / cut floor | cut floor | pack ms | loss terms = per_request |\n")
-		b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		b.WriteString("| B | dp | strategy | rows forwarded | vs per_request | passes per rank | micro-batches | fill | imbalance | lockstep imbalance | rows / cut floor | cut floor | pack ms | loss terms = per_request |\n")
+		b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		sets := settingsOf(m)
 		for _, set := range sets {
 			pr, _ := m.Cell(batcher.PerRequest, set)
 			for _, st := range batcher.Strategies {
 				c, _ := m.Cell(st, set)
 				if c.Skipped != "" {
-					fmt.Fprintf(&b, "| %s | %d | %s | n/a: %s (%s tokens) | | | | | | | | |\n", kib(set.Budget), set.DP, st, c.Skipped, num(int64(m.LongestPath)))
+					fmt.Fprintf(&b, "| %s | %d | %s | n/a: %s (%s tokens) | | | | | | | | | | |\n", kib(set.Budget), set.DP, st, c.Skipped, num(int64(m.LongestPath)))
 					continue
 				}
 				eq := yes(c.LossTermsEqual)
 				if !c.LossTermsEqual {
 					eq += ": " + c.LossTermsDiff
 				}
-				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d | %.1f%% | %.3f | %s | %.2f | %s |\n",
+				fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d | %.1f%% | %.3f | %.3f | %.3f | %s | %.2f | %s |\n",
 					kib(set.Budget), set.DP, st, num(c.PaddedRows), ratio(pr, c), c.Passes, c.MicroBatches, 100*c.Fill,
-					float64(c.Rows)/float64(c.CutFloor), num(c.CutFloor), 1000*c.PackSeconds, eq)
+					c.Imbalance, c.LockstepImbalance, float64(c.Rows)/float64(c.CutFloor), num(c.CutFloor), 1000*c.PackSeconds, eq)
 			}
 		}
 	}
 	return b.String()
+}
+
+// lockstep renders the tree strategy's balance at dp > 1: passes per rank, rank imbalance
+// and lockstep imbalance per file and setting.
+func lockstep(b *strings.Builder, results []Result) {
+	var dps []int
+	for _, r := range results {
+		for _, set := range settingsOf(r.M) {
+			if set.DP > 1 && !slices.Contains(dps, set.DP) {
+				dps = append(dps, set.DP)
+			}
+		}
+	}
+	if len(dps) == 0 {
+		return
+	}
+	slices.Sort(dps)
+	fmt.Fprintf(b, "\n## Lockstep balance of the tree strategy at dp %s\n\n", joinInts(dps))
+	b.WriteString("Imbalance is the heaviest rank's cost over the mean; lockstep imbalance is Σ_k max_r cost(rank r's micro-batch k) over Σ_k mean_r, ")
+	b.WriteString("how much longer ranks running micro-batch k together take than even ones (cost = rows + Σ(depth+1)/16384, padding included). ")
+	b.WriteString("With one micro-batch per rank both are the heaviest micro-batch over the mean: a step of a few sessions cannot fill 8 or 16 ranks evenly.\n\n")
+	b.WriteString("| file | harness prompt | B | dp | passes per rank | micro-batches | fill | imbalance | lockstep imbalance |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range results {
+		for _, set := range settingsOf(r.M) {
+			if set.DP < 2 {
+				continue
+			}
+			c, _ := r.M.Cell(batcher.Tree, set)
+			if c.Skipped != "" {
+				fmt.Fprintf(b, "| %s | %s | %s | %d | n/a: %s | | | | |\n", filepath.Base(r.File), r.Harness, kib(set.Budget), set.DP, c.Skipped)
+				continue
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %d | %d | %d | %.1f%% | %.3f | %.3f |\n", filepath.Base(r.File), r.Harness,
+				kib(set.Budget), set.DP, c.Passes, c.MicroBatches, 100*c.Fill, c.Imbalance, c.LockstepImbalance)
+		}
+	}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, " and ")
 }
 
 func settingsOf(m *Measurement) []Setting {

@@ -49,7 +49,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"-token-budget", "1000"}, 1, "multiple of the pad multiple"},
 		{[]string{"-groups", "2", "extra"}, 1, `unexpected arguments ["extra"]`},
 		{[]string{"e2e", "-strategies", "tree,bfs"}, 1, `bfs`},
-		{[]string{"e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus: unknown corpus "huge" (want small, cpu, medium or default)`},
+		{[]string{"e2e", "-corpus", "huge", "-trainer", "main.go"}, 1, `-corpus: unknown corpus "huge" (want small, cpu, medium, default or longtool)`},
 		{[]string{"e2e", "-token-budget", "1000"}, 1, "multiple of the pad multiple"},
 		{[]string{"e2e", "-groups-per-step", "0"}, 1, "-groups-per-step and -concurrency must be at least 1"},
 		{[]string{"e2e", "-strategy", "tree"}, 1, "flag provided but not defined: -strategy"},

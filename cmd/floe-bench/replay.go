@@ -22,7 +22,7 @@ Replays real agent rollouts (NeMo Gym's format: one trajectory per line as OpenA
 output items, grouped by _ng_task_index, rewarded by reward) through floe's proxy against
 the reference inference server in script mode, which answers each call with the recorded
 output, tokenized by its BPE and scored by its model; then forms one step of every
-recorded group with each strategy at B = 16k, 64k, 128k and dp 1 and 8, and reports rows,
+recorded group with each strategy at B = 16k, 64k, 128k and dp 1, 8 and 16, and reports rows,
 passes, the cut floor, pack time and whether the Arrow micro-batches train exactly
 per_request's loss terms. Prints one JSON summary line per file and harness prompt on
 stdout; exits non-zero if any loss-term multiset differs. docs/benchmarks.md.

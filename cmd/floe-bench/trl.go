@@ -63,7 +63,7 @@ type trlFloeResult struct {
 
 func runTRL(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := cli.NewFlagSet("floe-bench trl", trlUsage, stderr)
-	name := fs.String("corpus", "cpu", "corpus config: small, cpu, medium or default")
+	name := fs.String("corpus", "cpu", "corpus config: small, cpu, medium, default or longtool")
 	groups := fs.Int("groups", 0, "GRPO groups (0: the config's)")
 	seed := fs.Int64("seed", 1, "corpus seed")
 	budgets := fs.String("budgets", "16384,65536", "token budgets B, comma-separated")

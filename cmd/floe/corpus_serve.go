@@ -39,7 +39,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	cfg.GroupsPerStep = 2
 	cfg.RegisterFlags(fs, append(append([]string{}, sidecar.FlightFlags...), sidecar.StepFlags...)...)
 	cfg.Batcher.RegisterFlags(fs) // -token-budget is a number here: no GPU to size it to
-	kind := fs.String("corpus", "small", "corpus size: small (tests), cpu, medium or default (benchmark)")
+	kind := fs.String("corpus", "small", "corpus size: small (tests), cpu, medium, default (benchmark) or longtool (long tool outputs)")
 	groups := fs.Int("groups", 0, "GRPO groups (0: the corpus's own count)")
 	seed := fs.Int64("seed", 1, "corpus seed")
 	fold := fs.Int("fold-vocab", 0, "map every token id to id % N, for tiny test models (0: off)")
