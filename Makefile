@@ -109,7 +109,7 @@ test-vllm: venv $(HARNESS_STAMP)
 # server and checks the DataProto floe_bridge.verl builds against floe's record (docs/verl.md).
 VERL_VENV := .venv-verl
 
-test-verl: venv
+test-verl:
 	bash verl-tests/install.sh
 	$(VERL_VENV)/bin/python -m pytest verl-tests -q -s -c verl-tests/pytest.ini
 
