@@ -106,6 +106,7 @@ def config(stack: dict[str, Any], model_dir: Path) -> DictConfig:
             "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=floe_bridge.verl.FloeAgentLoopManager",
             f"+floe.control_url={stack['control']}",
             "+floe.concurrency=4",
+            "+floe.runner=test_verl_manager:harness",
         ])
 
 
@@ -288,6 +289,35 @@ def test_call_layout(manager: FloeAgentLoopManager, stack: dict[str, Any]) -> No
     assert sorted(set(out.non_tensor_batch["uid"])) == sorted(set(gen.non_tensor_batch["uid"]))
     FIGURES["call"] = fig
     print("\ncall layout:", json.dumps(fig), file=sys.stderr)
+    client = FloeClient(stack["flight"], timeout=120)
+    for _ in range(PROMPTS):
+        client.commit(client.step_info().step)
+
+
+def test_agent_loop_in_verls_worker(config: DictConfig, stack: dict[str, Any]) -> None:
+    """FloeAgentLoop run by verl's own AgentLoopWorker (the worker verl's default manager
+    starts in Ray), picked by agent_name: the same rows as the manager's."""
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    step = 4
+    script(stack, step)
+    batch, gen = gen_batch(step)
+    gen.non_tensor_batch["agent_name"] = np.array(["floe_agent"] * len(gen), dtype=object)
+    worker = AgentLoopWorker(config, None)  # type: ignore[arg-type]
+    out = asyncio.run(worker.generate_sequences(gen))
+    out.check_consistency()
+    batch.repeat(repeat_times=N, interleave=True).union(out)
+    fig = check_rows(out, stack, "session")
+    assert fig["calls"] == 2 * PROMPTS * N
+    assert out.batch["rm_scores"].sum(-1).tolist() == [float(r % N) for r in range(PROMPTS * N)]
+    # floe grouped the trajectories by uid, as the manager does.
+    groups = {_get(f"{stack['control']}/floe/v1/sessions/{sid}")["group_id"]
+              for sid in out.non_tensor_batch["floe_session_id"]}
+    assert len(groups) == PROMPTS
+    FIGURES["agent_loop"] = fig
+    print("\nagent loop (verl's AgentLoopWorker):", json.dumps(fig), file=sys.stderr)
     client = FloeClient(stack["flight"], timeout=120)
     for _ in range(PROMPTS):
         client.commit(client.step_info().step)

@@ -40,7 +40,6 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,16 +49,19 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
     AgentLoopManager,
     AgentLoopMetrics,
     AgentLoopOutput,
     AgentLoopWorker,
+    register,
 )
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
 __all__ = [
     "CommandRunner",
+    "FloeAgentLoop",
     "ControlClient",
     "FloeAgentLoopManager",
     "FloeCheckpointEngineManager",
@@ -94,8 +96,10 @@ class FloeSettings:
     concurrency: int = 16
     # Give up on one control API request after this long.
     http_timeout: float = 60.0
-    # The floe group id's prefix, so several verl runs can share one floe.
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # A prefix for floe's group ids. verl's uids (uuid4 per prompt and batch) are unique
+    # already; the prefix names the run in floe's records. Every process of the run must
+    # see the same one (a group's sessions may be opened by different Ray workers).
+    run_id: str = "verl"
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | DictConfig | None) -> FloeSettings:
@@ -120,7 +124,7 @@ class FloeSettings:
             layout=str(raw.get("layout", "session")),
             concurrency=int(raw.get("concurrency", 16)),
             http_timeout=float(raw.get("http_timeout", 60.0)),
-            **({"run_id": str(raw["run_id"])} if raw.get("run_id") else {}),
+            run_id=str(raw.get("run_id") or env.get("FLOE_RUN_ID") or cls.run_id),
         )
         if out.layout not in LAYOUTS:
             raise ValueError(f"floe.layout {out.layout!r} is not one of {LAYOUTS}")
@@ -392,6 +396,65 @@ class _Session:
     seconds: float = 0.0
 
 
+def run_session(control: ControlClient, runner: Runner, s: _Session, row: Mapping[str, Any]) -> None:
+    """One floe session: open it in its group, run the harness with its addresses, finish it
+    with the harness's reward, read back the calls floe recorded (into ``s``)."""
+    created = control.create_session(
+        task_id=str(row.get("uid", s.row)),
+        group_id=s.group or None,
+        group_size=s.group_size if s.group else None,
+        metadata={"verl_row": s.row, "rollout": s.rollout},
+    )
+    s.session_id = str(created["session_id"])
+    messages = _jsonable(row.get("raw_prompt", []))
+    task = HarnessTask(base_urls=created["base_urls"], api_key=str(created["api_key"]),
+                       messages=list(messages), row=row, rollout=s.rollout)
+    t0 = time.monotonic()
+    try:
+        res = runner(task)
+        s.result = res if isinstance(res, HarnessResult) else HarnessResult(float(res))
+    except Exception:
+        # The session must still finish, or its group never completes in floe.
+        log.exception("harness runner failed on session %s", s.session_id)
+        s.result = HarnessResult(0.0, "failed")
+    s.seconds = time.monotonic() - t0
+    s.finish = control.finish(s.session_id, s.result.reward, s.result.status)
+    s.calls = list(control.session(s.session_id).get("calls") or [])
+
+
+def session_outputs(
+    s: _Session, layout: str, prompt_length: int, response_length: int
+) -> list[AgentLoopOutput]:
+    """verl's AgentLoopOutputs of one finished session: one (``session``) or one per call."""
+    if not s.calls:
+        raise RuntimeError(
+            f"floe session {s.session_id} (row {s.row}) recorded no calls: its harness never "
+            "reached the model through floe's proxy")
+    assert s.result is not None
+    rows = [session_row(s.calls)] if layout == "session" else call_rows(s.calls)
+    outputs = []
+    for r in rows:
+        if r.left_out:
+            log.warning("floe session %s: calls %s do not extend the row and are left out",
+                        s.session_id, r.left_out)
+        # verl pads to fixed widths and cannot truncate without breaking the recorded tokens.
+        if len(r.prompt_ids) > prompt_length:
+            raise ValueError(f"floe session {s.session_id}: prompt of {len(r.prompt_ids)} tokens exceeds "
+                             f"actor_rollout_ref.rollout.prompt_length={prompt_length}")
+        if len(r.response_ids) > response_length:
+            raise ValueError(f"floe session {s.session_id}: response of {len(r.response_ids)} tokens "
+                             f"exceeds actor_rollout_ref.rollout.response_length={response_length}")
+        extra = {"floe_session_id": s.session_id, "floe_calls": list(r.calls),
+                 "floe_calls_left_out": list(r.left_out), "floe_status": s.result.status}
+        outputs.append(AgentLoopOutput(
+            prompt_ids=r.prompt_ids, response_ids=r.response_ids, response_mask=r.response_mask,
+            response_logprobs=r.logprobs, reward_score=s.result.reward, num_turns=r.num_turns,
+            metrics=AgentLoopMetrics(generate_sequences=s.seconds / max(len(rows), 1)),
+            extra_fields=extra,
+        ))
+    return outputs
+
+
 class FloeAgentLoopManager(AgentLoopManager):
     """verl's agent-loop manager, fed by floe. verl constructs it with
     ``FloeAgentLoopManager.create(config=..., llm_client=..., teacher_client=...,
@@ -472,13 +535,15 @@ class FloeAgentLoopManager(AgentLoopManager):
         """One floe session per input row; rows sharing a uid (verl's n rollouts of one
         prompt) form one floe group, so floe's group and verl's GRPO group are the same."""
         nt = prompts.non_tensor_batch
-        uids = [str(u) for u in nt["uid"]] if "uid" in nt else [str(i // self.n) for i in range(len(prompts))]
+        # Without verl's uid, the step number keeps one batch's groups apart from the next's.
+        uids = ([str(u) for u in nt["uid"]] if "uid" in nt
+                else [f"step{step}-{i // self.n}" for i in range(len(prompts))])
         seen: dict[str, int] = {}
         sessions = []
         for i, u in enumerate(uids):
             # Validation rollouts are groups of one: floe records them, and drops them at
             # -min-group-size >= 2 instead of training on them.
-            group = "" if validate else f"verl-{self.settings.run_id}-{step}-{u}"
+            group = "" if validate else f"{self.settings.run_id}-{u}"
             sessions.append(_Session(row=i, group=group, rollout=seen.get(u, 0)))
             seen[u] = seen.get(u, 0) + 1
         for s in sessions:
@@ -486,28 +551,7 @@ class FloeAgentLoopManager(AgentLoopManager):
         return sessions
 
     def _run_session(self, prompts: DataProto, s: _Session) -> None:
-        row = {k: v[s.row] for k, v in prompts.non_tensor_batch.items()}
-        created = self.control.create_session(
-            task_id=str(row.get("uid", s.row)),
-            group_id=s.group or None,
-            group_size=s.group_size if s.group else None,
-            metadata={"verl_row": s.row, "rollout": s.rollout},
-        )
-        s.session_id = str(created["session_id"])
-        messages = _jsonable(row.get("raw_prompt", []))
-        task = HarnessTask(base_urls=created["base_urls"], api_key=str(created["api_key"]),
-                           messages=list(messages), row=row, rollout=s.rollout)
-        t0 = time.monotonic()
-        try:
-            res = self.runner(task)
-            s.result = res if isinstance(res, HarnessResult) else HarnessResult(float(res))
-        except Exception:
-            # The session must still finish, or its group never completes in floe.
-            log.exception("harness runner failed on session %s", s.session_id)
-            s.result = HarnessResult(0.0, "failed")
-        s.seconds = time.monotonic() - t0
-        s.finish = self.control.finish(s.session_id, s.result.reward, s.result.status)
-        s.calls = list(self.control.session(s.session_id).get("calls") or [])
+        run_session(self.control, self.runner, s, {k: v[s.row] for k, v in prompts.non_tensor_batch.items()})
 
     def _outputs(
         self, prompts: DataProto, sessions: list[_Session]
@@ -515,42 +559,59 @@ class FloeAgentLoopManager(AgentLoopManager):
         outputs: list[AgentLoopOutput] = []
         kwargs_rows: list[dict[str, Any]] = []
         session_of_row: list[int] = []
+        pl, rl = int(self.rollout_config.prompt_length), int(self.rollout_config.response_length)
         for k, s in enumerate(sessions):
-            if not s.calls:
-                raise RuntimeError(
-                    f"floe session {s.session_id} (row {s.row}) recorded no calls: its harness never "
-                    "reached the model through floe's proxy")
-            assert s.result is not None
-            rows = [session_row(s.calls)] if self.settings.layout == "session" else call_rows(s.calls)
             kw = {key: v[s.row] for key, v in prompts.non_tensor_batch.items()}
-            for r in rows:
-                if r.left_out:
-                    log.warning("floe session %s: calls %s do not extend the row and are left out",
-                                s.session_id, r.left_out)
-                extra = {"floe_session_id": s.session_id, "floe_calls": list(r.calls),
-                         "floe_calls_left_out": list(r.left_out), "floe_status": s.result.status}
-                outputs.append(AgentLoopOutput(
-                    prompt_ids=r.prompt_ids, response_ids=r.response_ids, response_mask=r.response_mask,
-                    response_logprobs=r.logprobs, reward_score=s.result.reward, num_turns=r.num_turns,
-                    metrics=AgentLoopMetrics(generate_sequences=s.seconds / max(len(rows), 1)),
-                    extra_fields=extra,
-                ))
+            for o in session_outputs(s, self.settings.layout, pl, rl):
+                outputs.append(o)
                 kwargs_rows.append(kw)
                 session_of_row.append(k)
-        self._check_lengths(outputs)
         return outputs, kwargs_rows, session_of_row
 
-    def _check_lengths(self, outputs: Sequence[AgentLoopOutput]) -> None:
-        # verl pads to fixed widths and cannot truncate without breaking the recorded tokens.
-        pl, rl = int(self.rollout_config.prompt_length), int(self.rollout_config.response_length)
-        for o in outputs:
-            sid = o.extra_fields["floe_session_id"]
-            if len(o.prompt_ids) > pl:
-                raise ValueError(f"floe session {sid}: prompt of {len(o.prompt_ids)} tokens exceeds "
-                                 f"actor_rollout_ref.rollout.prompt_length={pl}")
-            if len(o.response_ids) > rl:
-                raise ValueError(f"floe session {sid}: response of {len(o.response_ids)} tokens exceeds "
-                                 f"actor_rollout_ref.rollout.response_length={rl}")
+
+@register("floe_agent")
+class FloeAgentLoop(AgentLoopBase):
+    """The same floe session as one of verl's agent loops (``agent_name`` ``floe_agent``):
+    verl's own manager runs it once per trajectory, in its Ray workers. This is the slot
+    verl's V1 trainer (``trainer.use_v1=true``, verl 0.9.1's default) leaves open: V1 builds
+    its own ``AgentLoopManagerTQ``, which puts each trajectory's outputs into TransferQueue,
+    and calls a custom manager's ``generate_sequences`` expecting it to do the same.
+
+    Each trajectory opens its session in the floe group named by its ``uid`` with
+    ``rollout.n`` sessions; with ``floe.layout=call`` it returns one output per call, which
+    V1 stores one per key (``{uid}_{session}_{index}``) and the V0 worker refuses (it takes
+    one output per trajectory)."""
+
+    # Which of its group's rollouts a trajectory is, where verl does not say (V0 passes the
+    # row's fields only): the worker starts a group's trajectories in row order, and each
+    # trajectory gets a new instance, so the count lives on the class (one int per uid).
+    _started: dict[str, int] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = FloeSettings.from_config(self.config.get("floe"))
+        self.runner = load_runner(self.settings.runner)
+        self.control = ControlClient(
+            self.settings.control_url, self.settings.control_token, self.settings.http_timeout
+        )
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+        uid = kwargs.get("uid")
+        if "session_id" in kwargs:  # V1 numbers the group's trajectories
+            rollout = int(kwargs["session_id"])
+        else:
+            rollout = FloeAgentLoop._started.get(str(uid), 0)
+            FloeAgentLoop._started[str(uid)] = rollout + 1
+        s = _Session(
+            row=-1,
+            group=f"{self.settings.run_id}-{uid}" if uid is not None else "",
+            rollout=rollout,
+            group_size=int(self.rollout_config.n),
+        )
+        await asyncio.to_thread(run_session, self.control, self.runner, s, kwargs)
+        outputs = session_outputs(s, self.settings.layout, int(self.rollout_config.prompt_length),
+                                  int(self.rollout_config.response_length))
+        return outputs[0] if self.settings.layout == "session" else outputs
 
 
 class FloeCheckpointEngineManager(CheckpointEngineManager):
