@@ -16,6 +16,10 @@ of the batch (its ``n`` rollouts share one ``uid``: verl's GRPO group):
    the ``DataProto`` is laid out exactly as verl's default manager lays it out, and carries
    floe's recorded ids and log-probs (``rollout_log_probs``) unchanged.
 
+:class:`FloeAgentLoop` is the same session as one of verl's agent loops (``agent_name``
+``floe_agent``), for verl's own managers: its V1 trainer (0.9.1's default), which takes no
+custom manager that returns a batch.
+
 Weight sync: :class:`FloeCheckpointEngineManager` (verl's
 ``actor_rollout_ref.rollout.checkpoint_manager_class``) pauses floe before verl's
 ``update_weights(global_steps)`` and resumes it with ``policy_version = global_steps``.
