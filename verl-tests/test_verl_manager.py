@@ -67,14 +67,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     floe_bin = floe_stack.build_floe(tmp, ROOT)
     with floe_stack.Stack(tmp / "logs", stop_order=("floe", "refserver"), label="verl-test") as st:
         _, hello = st.start_server("refserver", refserver_argv(
-            "--port", "0", "--threads", "1", "--log-level", "WARNING", "--cache-dir", str(tmp / "tok")))
+            "--port", "0", "--threads", "1", "--log-level", "WARNING", "--cache-dir", str(tmp / "tok")),
+            timeout=600)  # a bound on the wait for its first line, generous on a loaded machine
         ref = hello["base_url"][: -len("/v1")]
         _, addrs = st.start_server("floe", [
             str(floe_bin), "serve", "-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0",
             "-flight-addr", "127.0.0.1:0", "-data-dir", str(tmp / "floe-data"), "-upstream", ref,
             "-group-size", str(N), "-groups-per-step", "1", "-min-group-size", "2",
             "-token-budget", "4096", "-pad-multiple", "16", "-steps-ahead", "8",
-        ])
+        ], timeout=600)
         yield {"tmp": tmp, "ref": ref, "control": addrs["control"], "flight": addrs["flight"]}
 
 
@@ -323,29 +324,110 @@ def test_agent_loop_in_verls_worker(config: DictConfig, stack: dict[str, Any]) -
         client.commit(client.step_info().step)
 
 
-def test_weight_sync(manager: FloeAgentLoopManager, stack: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    import ray
+
+    # This machine runs other work: Ray's memory monitor would kill the TransferQueue actors
+    # when the node nears its limit, which says nothing about floe or verl. A small object
+    # store is plenty for a few rows.
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             object_store_memory=256 << 20)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("layout", ["session", "call"])
+def test_agent_loop_in_v1_transfer_queue(
+    config: DictConfig, stack: dict[str, Any], ray_local: None, layout: str
+) -> None:
+    """FloeAgentLoop under verl's V1 trainer path (0.9.1's default): verl's AgentLoopWorkerTQ
+    runs it per trajectory and puts each output into TransferQueue under
+    ``{uid}_{session}_{index}``; read back from TransferQueue, every output carries floe's
+    record of its session (one per session, or one per call)."""
+    import asyncio
+
+    import transfer_queue as tq
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.utils import tensordict_utils as tu
+
+    tq.init()
+    step = 5 if layout == "session" else 6
+    script(stack, step)
+    raw = np.empty(PROMPTS, dtype=object)
+    raw[:] = [[{"role": "user", "content": f"List the files. TASK-{step}-{k}"}] for k in range(PROMPTS)]
+    uids = [f"v1s{step}p{k}" for k in range(PROMPTS)]
+    batch = tu.get_tensordict({  # as trainer_base builds it from a dataloader batch
+        "raw_prompt": raw, "uid": np.array(uids, dtype=object),
+        "data_source": np.array(["floe-test"] * PROMPTS, dtype=object), "index": np.arange(PROMPTS),
+        "agent_name": np.array(["floe_agent"] * PROMPTS, dtype=object),
+    })
+    tu.assign_non_tensor_data(batch, "global_steps", step)
+    tq.kv_batch_put(keys=uids, partition_id="train",
+                    tags=[{"is_prompt": True, "status": "pending", "global_steps": step}] * PROMPTS)
+    cfg = config.copy()
+    cfg.floe.layout = layout
+    worker = AgentLoopWorkerTQ(cfg, None)
+
+    async def run() -> None:
+        await worker.generate_sequences(batch)
+        await asyncio.gather(*list(worker.background_tasks))  # the worker's own tasks: an event
+
+    asyncio.run(run())
+    tags = tq.kv_list("train")["train"]
+    assert all(tags[u]["status"] == "finished" for u in uids), {u: tags[u] for u in uids}
+    keys = sorted(k for k in tags if k.split("_", 1)[0] in uids and not tags[k].get("is_prompt"))
+    per_session = 1 if layout == "session" else 2
+    assert len(keys) == PROMPTS * N * per_session
+    data = tq.kv_batch_get(keys=keys, partition_id="train")
+    fig = {"outputs": len(keys), "ids_equal": 0, "logprobs_equal": 0, "mask_ok": 0}
+    for i, key in enumerate(keys):
+        uid, session, index = key.rsplit("_", 2)
+        extra = data["extra_fields"][i]
+        extra = extra.data if hasattr(extra, "data") else extra
+        calls = sorted(_get(f"{stack['control']}/floe/v1/sessions/{extra['floe_session_id']}")["calls"],
+                       key=lambda c: c["index"])
+        if layout == "call":
+            calls = [calls[int(index)]]
+        want_ids, want_mask, want_lps = [], [], []
+        ctx = len(calls[0]["prompt_ids"])
+        for c in calls:
+            gap = c["prompt_ids"][ctx:]
+            want_ids += gap + c["response_ids"]
+            want_mask += [0] * len(gap) + [1] * len(c["response_ids"])
+            want_lps += [0.0] * len(gap) + c["logprobs"]
+            ctx = len(c["prompt_ids"]) + len(c["response_ids"])
+        fig["ids_equal"] += data["prompts"][i].tolist() == calls[0]["prompt_ids"] and \
+            data["responses"][i].tolist() == want_ids
+        fig["logprobs_equal"] += torch.equal(data["rollout_log_probs"][i], torch.tensor(want_lps))
+        fig["mask_ok"] += data["response_mask"][i].tolist() == want_mask
+    assert fig["ids_equal"] == fig["logprobs_equal"] == fig["mask_ok"] == len(keys), fig
+    FIGURES[f"v1_{layout}"] = fig
+    print(f"\nV1 TransferQueue, {layout} layout:", json.dumps(fig), file=sys.stderr)
+    client = FloeClient(stack["flight"], timeout=120)
+    for _ in range(PROMPTS):
+        client.commit(client.step_info().step)
+
+
+def test_weight_sync(manager: FloeAgentLoopManager, stack: dict[str, Any], ray_local: None) -> None:
     """FloeCheckpointEngineManager: floe is paused while verl pushes weights, then resumed at
     verl's global step; the next batch's calls carry that policy version."""
     import ray
+    from verl.workers.config import CheckpointEngineConfig
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        from verl.workers.config import CheckpointEngineConfig
+    seen: dict[str, Any] = {}
 
-        seen: dict[str, Any] = {}
+    class Actor:  # the naive backend's actor worker group: one call, a ray ref back
+        def update_weights(self, global_steps: int, mode: str) -> list[Any]:
+            seen["status_during"] = _get(f"{stack['control']}/floe/v1/status")
+            seen["global_steps"] = global_steps
+            return [ray.put(None)]
 
-        class Actor:  # the naive backend's actor worker group: one call, a ray ref back
-            def update_weights(self, global_steps: int, mode: str) -> list[Any]:
-                seen["status_during"] = _get(f"{stack['control']}/floe/v1/status")
-                seen["global_steps"] = global_steps
-                return [ray.put(None)]
-
-        ckpt = CheckpointEngineConfig(backend="naive",
-                                      engine_kwargs={"floe": {"control_url": stack["control"]}})
-        mgr = FloeCheckpointEngineManager(ckpt, Actor(), [])
-        mgr.update_weights(3)
-    finally:
-        ray.shutdown()
+    ckpt = CheckpointEngineConfig(backend="naive",
+                                  engine_kwargs={"floe": {"control_url": stack["control"]}})
+    mgr = FloeCheckpointEngineManager(ckpt, Actor(), [])
+    mgr.update_weights(3)
     assert seen["global_steps"] == 3
     assert seen["status_during"]["paused"] is True, seen["status_during"]
     after = _get(f"{stack['control']}/floe/v1/status")

@@ -448,8 +448,11 @@ def session_outputs(
         if len(r.response_ids) > response_length:
             raise ValueError(f"floe session {s.session_id}: response of {len(r.response_ids)} tokens "
                              f"exceeds actor_rollout_ref.rollout.response_length={response_length}")
+        # reward_extra_info: verl's V1 worker copies it from a trajectory's last output to
+        # the others, and the runner's reward has none.
         extra = {"floe_session_id": s.session_id, "floe_calls": list(r.calls),
-                 "floe_calls_left_out": list(r.left_out), "floe_status": s.result.status}
+                 "floe_calls_left_out": list(r.left_out), "floe_status": s.result.status,
+                 "reward_extra_info": {}}
         outputs.append(AgentLoopOutput(
             prompt_ids=r.prompt_ids, response_ids=r.response_ids, response_mask=r.response_mask,
             response_logprobs=r.logprobs, reward_score=s.result.reward, num_turns=r.num_turns,
