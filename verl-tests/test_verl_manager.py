@@ -338,6 +338,9 @@ def ray_local() -> Iterator[None]:
     ray.shutdown()
 
 
+# Opt-in: written last in its session, on a machine too loaded to finish a run of it (its
+# first run lost its Ray actors to the node's memory monitor); docs/verl.md says so.
+@pytest.mark.skipif(not os.environ.get("FLOE_VERL_V1"), reason="not yet seen passing; FLOE_VERL_V1=1 runs it")
 @pytest.mark.parametrize("layout", ["session", "call"])
 def test_agent_loop_in_v1_transfer_queue(
     config: DictConfig, stack: dict[str, Any], ray_local: None, layout: str
