@@ -2,6 +2,7 @@
 #
 #   make test    set up a fresh machine (Go modules, Python venv) and run every test
 #   make test-vllm  floe against a real vLLM (CPU build) serving SmolLM2 (docs/vllm.md)
+#   make test-verl  floe_bridge.verl's agent-loop manager against verl 0.9.1 from PyPI, CPU (docs/verl.md)
 #   make lint    gofmt check + go vet
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
@@ -31,7 +32,7 @@ DEMO_STAMP := $(VENV)/.floe-demo-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
 
-.PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
+.PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm test-verl go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
 
 all: test
 
@@ -39,7 +40,7 @@ all: test
 demo: $(DEMO_STAMP)
 	GO=$(GO) $(VPY) demo/run.py
 
-test: test-go test-py test-harness test-demo test-vllm test-replay
+test: test-go test-py test-harness test-demo test-vllm test-verl test-replay
 
 go-deps:
 	$(GO) mod download
@@ -119,6 +120,17 @@ learn: $(LEARN_STAMP)
 	bash vllm-tests/install.sh
 	$(VLLM_VENV)/bin/python vllm-tests/fetch_model.py
 	GO=$(GO) $(VPY) learn/run.py $(LEARN_FLAGS)
+
+# --- verl ----------------------------------------------------------------------
+# verl 0.9.1 from PyPI in its own venv (.venv-verl, git-ignored; the script is idempotent):
+# verl caps transformers below the main venv's. The bridge and the reference server are
+# installed editable from this checkout. The test runs floe serve in front of the reference
+# server and checks the DataProto floe_bridge.verl builds against floe's record (docs/verl.md).
+VERL_VENV := .venv-verl
+
+test-verl:
+	bash verl-tests/install.sh
+	$(VERL_VENV)/bin/python -m pytest verl-tests -q -s -c verl-tests/pytest.ini
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 
