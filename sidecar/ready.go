@@ -25,10 +25,13 @@ type Ready struct {
 	changed   chan struct{} // closed and replaced on every change, to wake waiters
 	steps     map[int64]arrowflight.Step
 	committed map[int64]bool
-	first     int64 // number of the first step this buffer holds
-	next      int64 // number of the next step Put accepts
-	end       int64 // no step at or past end will be formed; -1 while unknown
-	closed    bool
+	// committing holds the steps whose OnCommit runs now, outside the lock: the disk
+	// write must not hold Step, Next, Put or Status behind it.
+	committing map[int64]bool
+	first      int64 // number of the first step this buffer holds
+	next       int64 // number of the next step Put accepts
+	end        int64 // no step at or past end will be formed; -1 while unknown
+	closed     bool
 }
 
 var _ arrowflight.Source = (*Ready)(nil)
@@ -39,7 +42,7 @@ var _ arrowflight.Source = (*Ready)(nil)
 func NewReady(ahead int, first int64) *Ready {
 	return &Ready{
 		ahead: max(ahead, 1), changed: make(chan struct{}), first: first, next: first, end: -1,
-		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{},
+		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{}, committing: map[int64]bool{},
 	}
 }
 
@@ -155,10 +158,14 @@ func (r *Ready) Step(ctx context.Context, n int64) (arrowflight.Step, error) {
 // Next returns the oldest uncommitted step once READY.
 func (r *Ready) Next(ctx context.Context) (arrowflight.Step, error) {
 	return r.wait(ctx, func() (arrowflight.Step, error) {
-		if len(r.steps) > 0 {
-			return r.steps[slices.Min(r.readyLocked())], nil
+		// A step being committed is on its way out: the next one is the oldest after it
+		// (if its commit fails it is READY again, and the waiters are woken).
+		for _, n := range r.readyLocked() {
+			if !r.committing[n] {
+				return r.steps[n], nil
+			}
 		}
-		if r.closed {
+		if r.closed && len(r.steps) == 0 {
 			return nil, fmt.Errorf("next step: %w: every step up to %d was committed", arrowflight.ErrNoSuchStep, r.next-1)
 		}
 		return nil, nil
@@ -183,25 +190,47 @@ func (r *Ready) wait(ctx context.Context, try func() (arrowflight.Step, error)) 
 	}
 }
 
-// Commit consumes step n.
+// Commit consumes step n. OnCommit (the fsynced store write) runs outside the lock, so
+// that Step, Next, Put and Status answer while the disk works; the step stays in the
+// buffer, marked as being committed, until the write returns. A second commit of the same
+// step waits for the first's outcome, as it did when the lock was held throughout.
 func (r *Ready) Commit(n int64) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	for r.committing[n] {
+		ch := r.changed
+		r.mu.Unlock()
+		<-ch
+		r.mu.Lock()
+	}
 	if r.committed[n] {
+		r.mu.Unlock()
 		return fmt.Errorf("step %d is already committed: %w", n, arrowflight.ErrCommitted)
 	}
 	if _, ok := r.steps[n]; !ok {
-		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
+		ready := r.readyLocked()
+		r.mu.Unlock()
+		return fmt.Errorf("step %d is not READY (READY: %v)", n, ready)
 	}
+	r.committing[n] = true
+	r.mu.Unlock()
+
+	var err error
 	if r.OnCommit != nil {
-		if err := r.OnCommit(n); err != nil {
-			return fmt.Errorf("step %d: %w", n, err)
-		}
+		err = r.OnCommit(n)
 	}
-	r.steps[n].Release()
-	delete(r.steps, n)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.committing, n)
+	defer r.notify() // wake a second commit, and Next, whatever the outcome
+	if err != nil {
+		return fmt.Errorf("step %d: %w", n, err)
+	}
+	if st, ok := r.steps[n]; ok { // gone if Shutdown ran meanwhile, which released it
+		st.Release()
+		delete(r.steps, n)
+	}
 	r.committed[n] = true
-	r.notify()
 	return nil
 }
 
