@@ -170,7 +170,7 @@ func (g *Gate) Resume(v int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if v < g.version {
-		return fmt.Errorf("policy version %d is older than the current %d", v, g.version)
+		return fmt.Errorf("policy version %d is older than the current %d: %w", v, g.version, ErrOlderVersion)
 	}
 	if g.Persist != nil && v != g.version {
 		if err := g.Persist(v); err != nil {
@@ -185,6 +185,10 @@ func (g *Gate) Resume(v int64) error {
 	g.notify()
 	return nil
 }
+
+// ErrOlderVersion is what Resume fails with for a policy version older than the current
+// one: versions never go backwards.
+var ErrOlderVersion = errors.New("policy versions never go backwards")
 
 // ErrPauseExpired is what Admit fails with while a pause has outlasted MaxPause.
 var ErrPauseExpired = errors.New("the weight sync's pause outlasted its maximum (floe's -max-pause): the trainer has not resumed")

@@ -252,9 +252,6 @@ type ReadyStatus struct {
 	Closed     bool    `json:"closed"`
 }
 
-// Status implements arrowflight.Source: a Snapshot.
-func (r *Ready) Status() any { return r.Snapshot() }
-
 // Snapshot is the buffer's state now.
 func (r *Ready) Snapshot() ReadyStatus {
 	r.mu.Lock()

@@ -70,7 +70,7 @@ func TestReadyBackpressureAndCommit(t *testing.T) {
 	if err := r.Put(ctx, fakeStep(9)); err == nil || !strings.Contains(err.Error(), "want step 3") {
 		t.Errorf("out-of-order Put: %v", err)
 	}
-	got := r.Status().(ReadyStatus)
+	got := r.Snapshot()
 	if len(got.Ready) != 2 || got.NextStep != 3 || got.Committed != 1 || got.Closed {
 		t.Errorf("status %+v", got)
 	}
@@ -164,8 +164,8 @@ func TestReadyCommitLeavesTheLock(t *testing.T) {
 	if st, err := r.Step(ctx, 1); err != nil || st.Number() != 1 {
 		t.Errorf("Step(1) during step 0's commit = %v, %v", st, err)
 	}
-	tc := &TrainerControl{Ready: r}
-	if got := tc.Snapshot(); got.NextStep != 2 {
+	node := NewNode(NodeConfig{Ready: r})
+	if got := node.Status(ctx); got.NextStep != 2 {
 		t.Errorf("trainer status during the commit: %+v", got)
 	}
 	close(disk.release)

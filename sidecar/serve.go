@@ -400,15 +400,15 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 			st.Archive = &a
 		}
 	}
-	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
-	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
+	node := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: store, OnReport: steps.report, Describe: describe})
+	control := &ControlAPI{Node: node, BaseURL: "http://" + pl.Addr().String(),
 		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
-		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize, Log: log}
+		Metrics: metrics.Handler(), Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
+		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize}
 	hs, conns := ProxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
 	guardMetrics(metrics.Registry(), gate, conns)
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
+	fs := &arrowflight.Server[Status]{Source: rb, Control: node.Flight(), Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 	rb.OnCommit = func(n int64) error {
 		if err := store.CommitStep(n); err != nil {
 			return err

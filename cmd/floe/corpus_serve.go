@@ -102,7 +102,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer ready.Shutdown()
 	ready.EndAt(int64(len(steps)))
 	mem := memory.NewGoAllocator()
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log, Ready: ready}, Token: cfg.FlightToken, Mem: mem, Log: log}
+	srv := &arrowflight.Server[sidecar.Status]{Source: ready, Control: sidecar.NewNode(sidecar.NodeConfig{Log: log, Ready: ready}).Flight(), Token: cfg.FlightToken, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Batcher.Strategy)
