@@ -24,7 +24,7 @@ import (
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
 )
 

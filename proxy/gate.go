@@ -63,13 +63,6 @@ func (g *Gate) wait() <-chan struct{} {
 	return g.changed
 }
 
-// Enter is Admit for a caller that has no use for the call's context: the call cannot be
-// cut off by a drain timeout, only forgotten by it.
-func (g *Gate) Enter(ctx context.Context) (version int64, leave func(), err error) {
-	_, version, leave, err = g.Admit(ctx)
-	return version, leave, err
-}
-
 // Admit waits while the gate is paused, then admits one call; the call must run under the
 // returned context and call leave when its upstream request is over. It returns the
 // policy version the call runs under. The context is cancelled with cause ErrDrained when

@@ -80,7 +80,7 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 	}
 	entered := make(chan int64)
 	go func() {
-		v, leave, _ := gate.Enter(context.Background())
+		_, v, leave, _ := gate.Admit(context.Background())
 		leave()
 		entered <- v
 	}()

@@ -14,8 +14,8 @@ import (
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/internal/cli"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/jsonl"
