@@ -420,7 +420,7 @@ func (s *Server[S]) DoAction(a *flight.Action, stream flight.FlightService_DoAct
 		if req.Step == nil {
 			return grpcError(codes.InvalidArgument, `commit %s: needs "step"`, body)
 		}
-		if err := s.Source.Commit(*req.Step); err != nil {
+		if err := s.Source.Commit(ctx, *req.Step); err != nil {
 			if errors.Is(err, ErrCommitted) {
 				return grpcError(codes.FailedPrecondition, "%v", err)
 			}

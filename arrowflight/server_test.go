@@ -49,7 +49,11 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 	cfg := batcher.DefaultConfig()
 	cfg.DPSize, cfg.TokenBudget, cfg.PadMultiple = dp, 1024, 16
 	ready := sidecar.NewReady(ahead, 0)
-	f := &fixture{ready: ready, control: sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler), Ready: ready}),
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler), Ready: ready})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{ready: ready, control: node,
 		mem: memory.NewCheckedAllocator(memory.NewGoAllocator())}
 	for i := 0; i < len(groups); i += 2 {
 		st, err := batcher.FormStep(int64(i/2), groups[i:i+2], cfg)
@@ -62,7 +66,7 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &arrowflight.Server[sidecar.Status]{Source: f.ready, Control: f.control.Flight(), Token: token, Mem: f.mem,
+	srv := &arrowflight.Server[sidecar.Status]{Source: f.control.Flight(), Control: f.control.Flight(), Token: token, Mem: f.mem,
 		Log: slog.New(slog.DiscardHandler), MaxWait: 5 * time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -377,7 +381,11 @@ func TestShutdownEndsWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &arrowflight.Server[sidecar.Status]{Source: ready, Control: sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler)}).Flight(), Log: slog.New(slog.DiscardHandler)}
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler), Ready: ready})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &arrowflight.Server[sidecar.Status]{Source: node.Flight(), Control: node.Flight(), Log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()

@@ -61,7 +61,7 @@ type Source interface {
 	Next(ctx context.Context) (Step, error)
 	// Commit marks step n consumed, exactly once: a second commit returns an error
 	// wrapping ErrCommitted; a step not READY yet cannot be committed.
-	Commit(n int64) error
+	Commit(ctx context.Context, n int64) error
 }
 
 // Report is what a trainer rank says about a step it finished.

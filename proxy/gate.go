@@ -16,10 +16,10 @@ const DefaultDrainTimeout = 60 * time.Second
 // stragglers (their upstream requests end, and they are recorded untrainable) and
 // returns, so that no single harness ever holds a weight sync. Resume releases the
 // waiting calls under a new policy version, which every call made after it records.
+//
+// The gate does not own the policy version: its owner (sidecar.Node) records each one
+// durably and then tells the gate through Resume; the gate keeps a copy to stamp calls.
 type Gate struct {
-	// Persist, when set, records a new policy version durably before Resume applies it;
-	// if it fails, Resume fails and the gate stays as it was.
-	Persist func(version int64) error
 	// DrainTimeout bounds Pause's wait for the calls in flight; 0: DefaultDrainTimeout;
 	// negative: no bound.
 	DrainTimeout time.Duration
@@ -164,11 +164,6 @@ func (g *Gate) Resume(v int64) error {
 	defer g.mu.Unlock()
 	if v < g.version {
 		return fmt.Errorf("policy version %d is older than the current %d: %w", v, g.version, ErrOlderVersion)
-	}
-	if g.Persist != nil && v != g.version {
-		if err := g.Persist(v); err != nil {
-			return fmt.Errorf("recording policy version %d: %w", v, err)
-		}
 	}
 	g.paused, g.version, g.expired = false, v, false
 	if g.expiry != nil {

@@ -18,15 +18,6 @@ import (
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
-// SessionStore is what the control API needs of the trace store: mem.Store or the
-// durable bolt.Store.
-type SessionStore interface {
-	CreateSession(s trace.Session, key string, groupSize int) error
-	SetGroupSize(group string, size int) error
-	FinishSession(id string, reward float64, status trace.Status) error
-	Session(id string) (trace.Session, error)
-}
-
 // DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
 const DefaultMaxAbsReward = 1e6
 
@@ -50,10 +41,6 @@ type ControlAPI struct {
 	BaseURL string
 	// DefaultGroupSize completes a named group that gave no group_size (0: no size).
 	DefaultGroupSize int
-	// Finished, when set, is called after a session finished (the step former wakes up).
-	Finished func()
-	// FinishedStatus, when set, is called after a session finished, with its status.
-	FinishedStatus func(trace.Status)
 	// Metrics, when set, is served at GET /metrics.
 	Metrics http.Handler
 	// MinGroupSize is -min-group-size: a finish whose group cannot reach it says so.
@@ -195,21 +182,14 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	if err := c.Node.store.FinishSession(id, *req.Reward, req.Status); err != nil {
-		c.error(w, http.StatusConflict, "finish: %v", err)
+	g, known, err := c.Node.FinishSession(r.Context(), id, *req.Reward, req.Status)
+	if err != nil {
+		c.error(w, httpStatusOf(err), "%v", err)
 		return
 	}
-	if c.Finished != nil {
-		c.Finished()
-	}
-	if c.FinishedStatus != nil {
-		c.FinishedStatus(req.Status)
-	}
 	out := map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward}
-	if gs, ok := c.Node.store.(groupStates); ok {
-		if g, err := gs.SessionGroupState(id); err == nil {
-			c.reportGroup(out, g)
-		}
+	if known {
+		c.reportGroup(out, g)
 	}
 	c.reply(w, out)
 }

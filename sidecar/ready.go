@@ -17,24 +17,19 @@ import (
 // dropped); the trainer takes steps by number and commits each exactly once.
 type Ready struct {
 	ahead int
-	// OnCommit, when set, makes a commit durable before the buffer releases the step; an
-	// error fails the commit.
-	OnCommit func(n int64) error
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every change, to wake waiters
 	steps     map[int64]arrowflight.Step
 	committed map[int64]bool
-	// committing holds the steps whose OnCommit runs now, outside the lock: the disk
-	// write must not hold Step, Next, Put or Status behind it.
+	// committing holds the steps whose commit the Node is making durable now, outside
+	// the lock: the disk write must not hold Step, Next, Put or Status behind it.
 	committing map[int64]bool
 	first      int64 // number of the first step this buffer holds
 	next       int64 // number of the next step Put accepts
 	end        int64 // no step at or past end will be formed; -1 while unknown
 	closed     bool
 }
-
-var _ arrowflight.Source = (*Ready)(nil)
 
 // NewReady returns an empty buffer of at most ahead uncommitted steps, whose first step
 // will be number first; the steps below first count as committed (a restarted floe
@@ -190,12 +185,13 @@ func (r *Ready) wait(ctx context.Context, try func() (arrowflight.Step, error)) 
 	}
 }
 
-// Commit consumes step n. OnCommit (the fsynced store write) runs outside the lock, so
-// that Step, Next, Put and Status answer while the disk works; the step stays in the
-// buffer, marked as being committed, until the write returns. A second commit of the same
-// step waits for the first's outcome, as it did when the lock was held throughout.
-func (r *Ready) Commit(n int64) error {
+// claim marks step n as being committed (Node.Commit): it stays in the buffer, Next
+// passes over it, and Step, Put and Status go on answering while the Node makes the
+// commit durable. A second commit of the same step waits for the first's outcome, as it
+// did when the write ran under the lock. Every claim is settled.
+func (r *Ready) claim(n int64) error {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for r.committing[n] {
 		ch := r.changed
 		r.mu.Unlock()
@@ -203,22 +199,18 @@ func (r *Ready) Commit(n int64) error {
 		r.mu.Lock()
 	}
 	if r.committed[n] {
-		r.mu.Unlock()
 		return fmt.Errorf("step %d is already committed: %w", n, arrowflight.ErrCommitted)
 	}
 	if _, ok := r.steps[n]; !ok {
-		ready := r.readyLocked()
-		r.mu.Unlock()
-		return fmt.Errorf("step %d is not READY (READY: %v)", n, ready)
+		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
 	}
 	r.committing[n] = true
-	r.mu.Unlock()
+	return nil
+}
 
-	var err error
-	if r.OnCommit != nil {
-		err = r.OnCommit(n)
-	}
-
+// settle ends claim(n) with the durable write's outcome: on success the step is
+// released and never served again; on failure it is READY again.
+func (r *Ready) settle(n int64, err error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.committing, n)

@@ -97,7 +97,14 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		lis.Close()
 		return fmt.Errorf("control listen: %w", err)
 	}
-	control := &sidecar.ControlAPI{Node: sidecar.NewNode(sidecar.NodeConfig{Log: log, Gate: gate, Store: store}), BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
+	// floe proxy's Node takes sessions and pauses; it forms no steps.
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: log, Gate: gate, Store: store})
+	if err != nil {
+		lis.Close()
+		cl.Close()
+		return err
+	}
+	control := &sidecar.ControlAPI{Node: node, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
 		Metrics: retentionMetrics{store}}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
