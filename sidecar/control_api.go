@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"github.com/floe-rl/floe/arrowflight"
+	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -37,8 +39,9 @@ type ControlAPI struct {
 	// not finite or beyond it is answered 400.
 	MaxAbsReward float64
 	// BaseURL is the proxy's address as harnesses reach it, for the base_urls of a new
-	// session.
-	BaseURL string
+	// session: one per provider of Dialects (nil: providers.Dialects(), all of them).
+	BaseURL  string
+	Dialects proxy.Dialects
 	// DefaultGroupSize completes a named group that gave no group_size (0: no size).
 	DefaultGroupSize int
 	// Metrics, when set, is served at GET /metrics.
@@ -133,9 +136,11 @@ func (c *ControlAPI) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c.Node.sessionCreated()
-	c.reply(w, map[string]any{"session_id": id, "api_key": key, "group_id": group, "base_urls": map[string]string{
-		"anthropic": c.BaseURL, "openai": c.BaseURL + "/v1", "gemini": c.BaseURL,
-	}})
+	dialects := c.Dialects
+	if dialects == nil {
+		dialects = providers.Dialects()
+	}
+	c.reply(w, map[string]any{"session_id": id, "api_key": key, "group_id": group, "base_urls": dialects.BaseURLs(c.BaseURL)})
 }
 
 func (c *ControlAPI) getSession(w http.ResponseWriter, r *http.Request) {
