@@ -22,6 +22,7 @@ import (
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
+	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -111,11 +112,10 @@ type Config struct {
 	UpstreamHealthInterval time.Duration
 	UpstreamSessionHeader  string
 
-	// Archive moves each committed step's calls, sessions and record out of the store
-	// into Parquet under ArchiveDir (default <data-dir>/archive) and compacts the store
-	// when that pays, so the data dir's store stays bounded (docs/archive.md).
-	Archive    bool
-	ArchiveDir string
+	// Retention is what floe keeps and for how long: archiving each committed step out
+	// of the store into Parquet (default under <data-dir>/archive) and compacting the
+	// store when that pays, so the data dir's store stays bounded (docs/archive.md).
+	Retention trace.Retention
 }
 
 // DefaultConfig returns floe serve's defaults (docs/design.md, "Defaults").
@@ -127,7 +127,7 @@ func DefaultConfig() Config {
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 		ProxyLimits: defaultProxyLimits(), DrainTimeout: proxy.DefaultDrainTimeout, MaxPause: DefaultMaxPause,
-		Sampling: proxy.SamplingRecord, Archive: true,
+		Sampling: proxy.SamplingRecord, Retention: trace.Retention{Archive: true},
 	}
 }
 
@@ -372,8 +372,9 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	node.steps, node.metrics, node.upstreams = steps, metrics, engine
 	node.former = &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: make(chan struct{}, 1), now: time.Now,
 		steps: steps, version: node.version, metrics: metrics, exams: map[string]*examined{}}
-	if cfg.Archive {
+	if cfg.Retention.Archive {
 		node.archiver = NewArchiver(store, cfg.archiveDir(), mem, log)
+		node.archiver.Retention = cfg.Retention
 		node.archiver.Metrics = metrics
 	}
 	control := &ControlAPI{Node: node, BaseURL: "http://" + pl.Addr().String(), DefaultGroupSize: cfg.GroupSize,
@@ -391,7 +392,7 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
 		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Archive)
+		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Retention.Archive)
 	warnOpenListeners(cfg, log)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()

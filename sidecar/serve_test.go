@@ -213,7 +213,7 @@ func TestServeMetricsStatusAndAutoBudget(t *testing.T) {
 	cfg.GPU = noDriver{}
 	// The session and group gauges count what the store holds; archiving would take each
 	// committed step's out of it (TestServeArchivesCommittedSteps).
-	cfg.Archive = false
+	cfg.Retention.Archive = false
 	r := startServe(t, cfg)
 	limit := int64(9 * (1 << 30) / 10)
 
@@ -495,7 +495,7 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 	cfg.GroupsPerStep = 1 << 30 // record only
 	// The dropped groups must stay in the store to be counted: archiving would move them
 	// out at the restart's first pass, racing the count below.
-	cfg.Archive = false
+	cfg.Retention.Archive = false
 	a, stop := serveUntil(t, cfg)
 	r := &running{t: t, proxy: a.Proxy, control: a.Control}
 	for g := range 6 {

@@ -61,7 +61,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := sidecar.CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
 		return err
 	}
-	store := &mem.Store{MaxStoredBytes: *maxStored}
+	store := &mem.Store{Retention: trace.Retention{MaxStoredBytes: *maxStored}}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" || v == "" {
@@ -135,13 +135,13 @@ func proxyMetrics(store *mem.Store) http.Handler {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "floe_proxy_stored_bytes",
 			Help: "Bytes of the recorded calls kept in memory (counted under -max-stored-bytes)."},
-			func() float64 { stored, _ := store.Retention(); return float64(stored) }),
+			func() float64 { stored, _ := store.Retained(); return float64(stored) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_calls_total",
 			Help: "Recorded calls dropped from memory by -max-stored-bytes."},
-			func() float64 { _, dropped := store.Retention(); return float64(dropped.Calls) }),
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Calls) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_bytes_total",
 			Help: "Bytes of the recorded calls dropped from memory by -max-stored-bytes."},
-			func() float64 { _, dropped := store.Retention(); return float64(dropped.Bytes) }),
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Bytes) }),
 	)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
