@@ -24,9 +24,9 @@ import (
 // Server is the Flight service over a Source. Zero values of the optional fields mean:
 // no authentication, the default Go allocator, slog.Default, waits bounded only by the
 // client's deadline and MaxWait.
-type Server struct {
+type Server[S any] struct {
 	Source  Source
-	Control Control
+	Control Control[S]
 	// Token, when set, is required as "authorization: Bearer <Token>" on every call.
 	Token string
 	Mem   memory.Allocator
@@ -49,18 +49,11 @@ type Observer interface {
 	Served(step int64, rank, rows, bytes int)
 }
 
-// StatusReporter is an optional interface of a Control: its Status (JSON-encodable) is
-// the status action's whole answer. Without it the action answers the pause state, the
-// policy version and the Source's Status under "buffer".
-type StatusReporter interface {
-	Status() any
-}
-
 // maxMessageBytes lets a single micro-batch of many millions of rows through gRPC.
 const maxMessageBytes = 1 << 30
 
 // Serve serves on lis until ctx is done, then stops gracefully.
-func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+func (s *Server[S]) Serve(ctx context.Context, lis net.Listener) error {
 	if s.Source == nil || s.Control == nil {
 		return errors.New("arrowflight: Server needs a Source and a Control")
 	}
@@ -116,7 +109,7 @@ func Location(lis net.Listener) string {
 	return "grpc+tcp://" + lis.Addr().String()
 }
 
-func (s *Server) authorized(ctx context.Context) error {
+func (s *Server[S]) authorized(ctx context.Context) error {
 	if s.Token == "" {
 		return nil
 	}
@@ -130,14 +123,14 @@ func (s *Server) authorized(ctx context.Context) error {
 	return status.Error(codes.Unauthenticated, "floe: missing or wrong bearer token (send header authorization: Bearer <token>)")
 }
 
-func (s *Server) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (s *Server[S]) authUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if err := s.authorized(ctx); err != nil {
 		return nil, err
 	}
 	return h(ctx, req)
 }
 
-func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (s *Server[S]) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if err := s.authorized(ss.Context()); err != nil {
 		return err
 	}
@@ -149,7 +142,7 @@ func (s *Server) authStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerI
 // "not READY" answer (which names the READY steps) rather than its own bare timeout.
 // The margin is a tenth of the time left, up to a second: on a loaded machine the answer
 // can take tens of milliseconds to reach the client, and a fixed 50 ms was not enough.
-func (s *Server) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+func (s *Server[S]) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return context.WithTimeout(ctx, s.MaxWait)
@@ -160,7 +153,7 @@ func (s *Server) waitContext(ctx context.Context) (context.Context, context.Canc
 
 // step fetches step n (or the next one when n < 0), mapping the source's errors to
 // gRPC statuses a user can act on.
-func (s *Server) step(ctx context.Context, n int64) (Step, error) {
+func (s *Server[S]) step(ctx context.Context, n int64) (Step, error) {
 	wctx, cancel := s.waitContext(ctx)
 	defer cancel()
 	if s.closing != nil {
@@ -183,9 +176,9 @@ func (s *Server) step(ctx context.Context, n int64) (Step, error) {
 	return nil, s.statusOf(err, what)
 }
 
-func (s *Server) statusOf(err error, what string) error {
+func (s *Server[S]) statusOf(err error, what string) error {
 	status := func() string {
-		b, _ := json.Marshal(s.Source.Status())
+		b, _ := json.Marshal(s.Control.Status(context.Background()))
 		return string(b)
 	}
 	switch {
@@ -204,12 +197,27 @@ func (s *Server) statusOf(err error, what string) error {
 	}
 }
 
+// controlError maps a Control's error to its gRPC code by its class (source.go); the
+// control API maps the same classes to HTTP statuses.
+func controlError(err error) error {
+	code := codes.Internal
+	switch {
+	case errors.Is(err, ErrInvalid):
+		code = codes.InvalidArgument
+	case errors.Is(err, ErrRefused):
+		code = codes.FailedPrecondition
+	case errors.Is(err, ErrUnavailable):
+		code = codes.Unavailable
+	}
+	return grpcError(code, "%v", err)
+}
+
 func grpcError(code codes.Code, format string, args ...any) error {
 	return status.Errorf(code, "floe: "+format, args...)
 }
 
 // infoMeta is the FlightInfo app_metadata: what a trainer needs before fetching.
-func (s *Server) flightInfo(st Step, desc *flight.FlightDescriptor) *flight.FlightInfo {
+func (s *Server[S]) flightInfo(st Step, desc *flight.FlightDescriptor) *flight.FlightInfo {
 	n := st.Number()
 	var endpoints []*flight.FlightEndpoint
 	var total int64
@@ -231,7 +239,7 @@ func (s *Server) flightInfo(st Step, desc *flight.FlightDescriptor) *flight.Flig
 }
 
 // GetFlightInfo resolves ["step", "<n>"] or ["next"] to the step's endpoints.
-func (s *Server) GetFlightInfo(ctx context.Context, desc *flight.FlightDescriptor) (*flight.FlightInfo, error) {
+func (s *Server[S]) GetFlightInfo(ctx context.Context, desc *flight.FlightDescriptor) (*flight.FlightInfo, error) {
 	if desc.GetType() != flight.DescriptorPATH {
 		return nil, grpcError(codes.InvalidArgument, `descriptor must be a path: ["step", "<n>"] or ["next"]`)
 	}
@@ -280,7 +288,7 @@ func parseTicket(raw []byte) (rankTicket, error) {
 }
 
 // DoGet streams one rank's micro-batches of a step, or the step's sample table.
-func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServer) error {
+func (s *Server[S]) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServer) error {
 	t, err := parseTicket(tkt.GetTicket())
 	if err != nil {
 		return err
@@ -384,7 +392,7 @@ var actions = []*flight.ActionType{
 	{Type: "status", Description: `{}: READY steps, commits, pause state, policy version`},
 }
 
-func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListActionsServer) error {
+func (s *Server[S]) ListActions(_ *flight.Empty, stream flight.FlightService_ListActionsServer) error {
 	for _, a := range actions {
 		if err := stream.Send(a); err != nil {
 			return err
@@ -394,7 +402,7 @@ func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListAc
 }
 
 // DoAction runs one control action and answers with one JSON result.
-func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoActionServer) error {
+func (s *Server[S]) DoAction(a *flight.Action, stream flight.FlightService_DoActionServer) error {
 	ctx := stream.Context()
 	body := a.GetBody()
 	if len(body) == 0 {
@@ -412,7 +420,7 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		if req.Step == nil {
 			return grpcError(codes.InvalidArgument, `commit %s: needs "step"`, body)
 		}
-		if err := s.Source.Commit(*req.Step); err != nil {
+		if err := s.Source.Commit(ctx, *req.Step); err != nil {
 			if errors.Is(err, ErrCommitted) {
 				return grpcError(codes.FailedPrecondition, "%v", err)
 			}
@@ -425,14 +433,14 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		if err := decodeBody(a.GetType(), body, &r); err != nil {
 			return err
 		}
-		if err := s.Control.Report(r); err != nil {
-			return grpcError(codes.InvalidArgument, "report: %v", err)
+		if err := s.Control.Report(ctx, r); err != nil {
+			return controlError(err)
 		}
 		result = map[string]any{"ok": true}
 	case "pause":
 		v, err := s.Control.Pause(ctx)
 		if err != nil {
-			return grpcError(codes.Internal, "pause: %v", err)
+			return controlError(err)
 		}
 		result = map[string]any{"paused": true, "policy_version": v}
 	case "resume":
@@ -446,19 +454,11 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 			return grpcError(codes.InvalidArgument, `resume %s: needs "policy_version"`, body)
 		}
 		if err := s.Control.Resume(ctx, *req.PolicyVersion); err != nil {
-			return grpcError(codes.FailedPrecondition, "resume: %v", err)
+			return controlError(err)
 		}
 		result = map[string]any{"paused": false, "policy_version": *req.PolicyVersion}
 	case "status":
-		if sr, ok := s.Control.(StatusReporter); ok {
-			result = sr.Status()
-			break
-		}
-		result = struct {
-			Paused        bool  `json:"paused"`
-			PolicyVersion int64 `json:"policy_version"`
-			Buffer        any   `json:"buffer"`
-		}{s.Control.Paused(), s.Control.PolicyVersion(), s.Source.Status()}
+		result = s.Control.Status(ctx)
 	default:
 		names := make([]string, len(actions))
 		for i, x := range actions {

@@ -24,14 +24,14 @@ import (
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
 )
 
 // fixture is a Flight server on loopback over a READY buffer, with a client.
 type fixture struct {
 	ready   *sidecar.Ready
-	control *sidecar.TrainerControl
+	control *sidecar.Node
 	client  flight.Client
 	steps   []*batcher.Step
 	mem     *memory.CheckedAllocator
@@ -49,7 +49,11 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 	cfg := batcher.DefaultConfig()
 	cfg.DPSize, cfg.TokenBudget, cfg.PadMultiple = dp, 1024, 16
 	ready := sidecar.NewReady(ahead, 0)
-	f := &fixture{ready: ready, control: &sidecar.TrainerControl{Log: slog.New(slog.DiscardHandler), Ready: ready},
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler), Ready: ready})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{ready: ready, control: node,
 		mem: memory.NewCheckedAllocator(memory.NewGoAllocator())}
 	for i := 0; i < len(groups); i += 2 {
 		st, err := batcher.FormStep(int64(i/2), groups[i:i+2], cfg)
@@ -62,7 +66,7 @@ func start(t *testing.T, dp, ahead int, token string) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &arrowflight.Server{Source: f.ready, Control: f.control, Token: token, Mem: f.mem,
+	srv := &arrowflight.Server[sidecar.Status]{Source: f.control.Flight(), Control: f.control.Flight(), Token: token, Mem: f.mem,
 		Log: slog.New(slog.DiscardHandler), MaxWait: 5 * time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -340,11 +344,11 @@ func TestControlActions(t *testing.T) {
 	if got := do("status", ""); got["paused"] != true || got["steps_ahead"] != 2.0 {
 		t.Errorf("status while paused: %v", got)
 	}
-	if got := do("resume", `{"policy_version": 4}`); got["policy_version"] != 4.0 || !(f.control.PolicyVersion() == 4 && !f.control.Paused()) {
+	if got := do("resume", `{"policy_version": 4}`); got["policy_version"] != 4.0 || !(f.control.Status(ctx).PolicyVersion == 4 && !f.control.Status(ctx).Paused) {
 		t.Errorf("resume: %v", got)
 	}
 	do("report", `{"step": 0, "rank": 0, "peak_memory_bytes": 1024, "step_seconds": 1.5, "wait_seconds": 0.01}`)
-	if r := f.control.Reports()[0]; r.StepSeconds != 1.5 || r.PeakMemoryBytes != 1024 {
+	if r := f.control.Status(ctx).Reports[0]; r.StepSeconds != 1.5 || r.PeakMemoryBytes != 1024 {
 		t.Errorf("report recorded as %+v", r)
 	}
 	stream, err := f.client.DoAction(ctx, &flight.Action{Type: "resume", Body: []byte(`{"policy_version": 2}`)})
@@ -377,7 +381,11 @@ func TestShutdownEndsWaits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: slog.New(slog.DiscardHandler)}, Log: slog.New(slog.DiscardHandler)}
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: slog.New(slog.DiscardHandler), Ready: ready})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &arrowflight.Server[sidecar.Status]{Source: node.Flight(), Control: node.Flight(), Log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()

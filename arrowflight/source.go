@@ -36,6 +36,19 @@ var (
 	ErrCommitted = errors.New("step was committed")
 	// ErrNoSuchStep: the step does not exist and never will (the source is finished).
 	ErrNoSuchStep = errors.New("no such step")
+
+	// The classes of a Control's errors, mapped to the same answer on every door: Flight
+	// (InvalidArgument, FailedPrecondition, Unavailable) and the control API (400, 409,
+	// 503). Any other error is Internal (500).
+
+	// ErrInvalid: the request itself is wrong (a negative field).
+	ErrInvalid = errors.New("invalid request")
+	// ErrRefused: the request is well-formed but floe's state refuses it (a policy
+	// version older than the current one).
+	ErrRefused = errors.New("refused")
+	// ErrUnavailable: the request could not finish now and may be tried again (a pause
+	// whose caller stopped waiting for the calls in flight).
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // Source is the READY buffer as the Flight service sees it.
@@ -48,9 +61,7 @@ type Source interface {
 	Next(ctx context.Context) (Step, error)
 	// Commit marks step n consumed, exactly once: a second commit returns an error
 	// wrapping ErrCommitted; a step not READY yet cannot be committed.
-	Commit(n int64) error
-	// Status is a JSON-encodable snapshot for the status action.
-	Status() any
+	Commit(ctx context.Context, n int64) error
 }
 
 // Report is what a trainer rank says about a step it finished.
@@ -68,14 +79,16 @@ type Report struct {
 	Loss float64 `json:"loss,omitempty"`
 }
 
-// Control receives the trainer's control actions: weight-sync pause/resume and reports.
-type Control interface {
+// Control receives the trainer's control actions: weight-sync pause/resume, reports and
+// the status, typed S (the service only encodes it as JSON). Its errors wrap ErrInvalid,
+// ErrRefused or ErrUnavailable to choose their gRPC code; any other is Internal.
+type Control[S any] interface {
 	// Pause stops new rollout calls and waits for those in flight; it returns the current
 	// policy version.
 	Pause(ctx context.Context) (int64, error)
 	// Resume releases paused calls under a new policy version.
 	Resume(ctx context.Context, policyVersion int64) error
-	Report(r Report) error
-	Paused() bool
-	PolicyVersion() int64
+	Report(ctx context.Context, r Report) error
+	// Status is the status action's whole answer, also sent with a "not READY yet" error.
+	Status(ctx context.Context) S
 }

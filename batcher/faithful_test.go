@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/trace"
 )
 

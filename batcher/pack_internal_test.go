@@ -7,7 +7,7 @@ import (
 	"testing"
 	"testing/quick"
 
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 )
 
 // TestTreesThatFitAreNotSplit checks that, with no pass cost, cutting touches only trees

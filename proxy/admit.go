@@ -24,7 +24,7 @@ type guardState struct {
 // body, holding no -max-inflight slot while the body arrives (only one of its session's
 // reading places, so a harness that trickles its bodies stalls no other session); then it
 // takes the call's slots. release gives them back.
-func (s *Server) admit(w, raw http.ResponseWriter, r *http.Request, d Dialect, op operation, session string, limit int64,
+func (s *Server) admit(w, raw http.ResponseWriter, r *http.Request, d Dialect, op Op, session string, limit int64,
 	lim Limits) (body []byte, release func(), ok bool) {
 	if e := s.refuseEarly(op, session, lim); e != nil {
 		if e.Kind == ErrCapacity {
@@ -65,7 +65,7 @@ func (s *Server) admit(w, raw http.ResponseWriter, r *http.Request, d Dialect, o
 
 // refuseEarly says why a call must be refused before any of its body is read: nil when
 // it may go on.
-func (s *Server) refuseEarly(op operation, session string, lim Limits) *Error {
+func (s *Server) refuseEarly(op Op, session string, lim Limits) *Error {
 	if lim.MinFreeDisk > 0 && s.DiskFree != nil {
 		free, err := s.DiskFree()
 		if err != nil {
@@ -84,7 +84,7 @@ func (s *Server) refuseEarly(op operation, session string, lim Limits) *Error {
 		return &Error{Kind: ErrCapacity, Message: fmt.Sprintf(
 			"this API key's session has stored its maximum of %d bytes of calls (floe's -max-session-bytes) and takes no more", lim.MaxSessionBytes)}
 	}
-	if op == opGenerate && s.Gate != nil && s.Gate.PauseExpired() {
+	if op == OpGenerate && s.Gate != nil && s.Gate.PauseExpired() {
 		return pauseExpiredError()
 	}
 	return nil

@@ -41,7 +41,7 @@ func TestKeysThatNeverReachUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(&proxy.Server{
-		Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}},
+		Dialects: proxy.Dialects{openai.Chat{}, anthropic.Dialect{}},
 		Engine:   &vllm.Engine{BaseURL: upstream.URL, Model: "m"},
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler),
 	})

@@ -216,6 +216,17 @@ type Dialect interface {
 	WriteError(w http.ResponseWriter, err *Error)
 	// WriteModels answers the provider's list-models call.
 	WriteModels(w http.ResponseWriter, models []string)
+
+	// Routes are the paths the dialect serves (proxy/route.go).
+	Routes() []Route
+	// Claims says how strongly a request to a path floe does not serve looks like this
+	// provider's, by its headers or its body's shape (nil when unread or not JSON), so
+	// that its 404 takes this dialect's error shape.
+	Claims(r *http.Request, body map[string]json.RawMessage) Claim
+	// Key is the API key the caller sent (APIKey for every built-in dialect).
+	Key(r *http.Request) string
+	// Client names the provider in a session's base_urls.
+	Client() Client
 }
 
 // TokenCounter is implemented by dialects with a token-counting endpoint (Anthropic's

@@ -23,7 +23,7 @@ import (
 func connLimitedProxy(t *testing.T, upstream string, cl *proxy.ConnLimiter) string {
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewUnstartedServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}},
+	srv := httptest.NewUnstartedServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}},
 		Engine: &vllm.Engine{BaseURL: upstream, Model: "m"}, Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	srv.Listener = cl.Listener(srv.Listener)
 	srv.Config.ConnContext, srv.Config.ConnState = cl.ConnContext, cl.ConnState

@@ -65,7 +65,7 @@ func TestSessionQuotaBoundsDiskGrowth(t *testing.T) {
 	}
 	upstream, reached := countingUpstream(t)
 	const quota = 12 << 20
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
 		Sessions: store, Recorder: store, Limits: proxy.Limits{MaxSessionBytes: quota}, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	// Each call sends a new image: nothing of it is stored already.
@@ -122,7 +122,7 @@ func TestDiskFloor(t *testing.T) {
 	const floor = 1 << 30
 	var free atomic.Int64
 	var failing atomic.Bool
-	srv := &proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
+	srv := &proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
 		Limits: proxy.Limits{MinFreeDisk: floor}, Log: slog.New(slog.DiscardHandler),
 		DiskFree: func() (uint64, error) {
 			if failing.Load() {

@@ -16,10 +16,10 @@ const DefaultDrainTimeout = 60 * time.Second
 // stragglers (their upstream requests end, and they are recorded untrainable) and
 // returns, so that no single harness ever holds a weight sync. Resume releases the
 // waiting calls under a new policy version, which every call made after it records.
+//
+// The gate does not own the policy version: its owner (sidecar.Node) records each one
+// durably and then tells the gate through Resume; the gate keeps a copy to stamp calls.
 type Gate struct {
-	// Persist, when set, records a new policy version durably before Resume applies it;
-	// if it fails, Resume fails and the gate stays as it was.
-	Persist func(version int64) error
 	// DrainTimeout bounds Pause's wait for the calls in flight; 0: DefaultDrainTimeout;
 	// negative: no bound.
 	DrainTimeout time.Duration
@@ -61,13 +61,6 @@ func (g *Gate) wait() <-chan struct{} {
 		g.changed = make(chan struct{})
 	}
 	return g.changed
-}
-
-// Enter is Admit for a caller that has no use for the call's context: the call cannot be
-// cut off by a drain timeout, only forgotten by it.
-func (g *Gate) Enter(ctx context.Context) (version int64, leave func(), err error) {
-	_, version, leave, err = g.Admit(ctx)
-	return version, leave, err
 }
 
 // Admit waits while the gate is paused, then admits one call; the call must run under the
@@ -170,12 +163,7 @@ func (g *Gate) Resume(v int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if v < g.version {
-		return fmt.Errorf("policy version %d is older than the current %d", v, g.version)
-	}
-	if g.Persist != nil && v != g.version {
-		if err := g.Persist(v); err != nil {
-			return fmt.Errorf("recording policy version %d: %w", v, err)
-		}
+		return fmt.Errorf("policy version %d is older than the current %d: %w", v, g.version, ErrOlderVersion)
 	}
 	g.paused, g.version, g.expired = false, v, false
 	if g.expiry != nil {
@@ -185,6 +173,10 @@ func (g *Gate) Resume(v int64) error {
 	g.notify()
 	return nil
 }
+
+// ErrOlderVersion is what Resume fails with for a policy version older than the current
+// one: versions never go backwards.
+var ErrOlderVersion = errors.New("policy versions never go backwards")
 
 // ErrPauseExpired is what Admit fails with while a pause has outlasted MaxPause.
 var ErrPauseExpired = errors.New("the weight sync's pause outlasted its maximum (floe's -max-pause): the trainer has not resumed")

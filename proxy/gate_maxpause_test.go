@@ -32,7 +32,7 @@ func TestPauseOutlastingMaxPause(t *testing.T) {
 	gate := &proxy.Gate{MaxPause: 200 * time.Millisecond, OnPauseExpired: func(d time.Duration) { expired <- d }}
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}},
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}, anthropic.Dialect{}},
 		Engine: &vllm.Engine{BaseURL: upstream.URL, Model: "m"}, Sessions: store, Recorder: store, Gate: gate,
 		Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()

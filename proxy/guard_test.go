@@ -36,7 +36,7 @@ func TestRequestGuard(t *testing.T) {
 	store := &mem.Store{}
 	store.AddSession("k", "s")
 	srv := httptest.NewServer(&proxy.Server{
-		Dialects: proxy.Dialects{Chat: openai.Chat{}, Responses: openai.Responses{}, Anthropic: anthropic.Dialect{}, Gemini: gemini.Dialect{}},
+		Dialects: proxy.Dialects{openai.Chat{}, openai.Responses{}, anthropic.Dialect{}, gemini.Dialect{}},
 		Engine:   &vllm.Engine{BaseURL: upstream.URL, Model: "m"}, Sessions: store, Recorder: store,
 		Limits: proxy.Limits{MaxN: 4, MediaHosts: []string{"images.internal", "cdn.internal:8443"}}, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()

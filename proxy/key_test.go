@@ -22,8 +22,8 @@ func TestKeySources(t *testing.T) {
 	for _, tt := range tests {
 		r := httptest.NewRequest(http.MethodPost, "/v1/messages", nil)
 		tt.set(r)
-		if got := key(r); got != tt.want {
-			t.Errorf("key() = %q, want %q", got, tt.want)
+		if got := APIKey(r); got != tt.want {
+			t.Errorf("APIKey() = %q, want %q", got, tt.want)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func newHanging(t *testing.T, hangAt string) (*hangingUpstream, string) {
 func limitsProxy(t *testing.T, upstream string, lim proxy.Limits, gate *proxy.Gate) (*mem.Store, string) {
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream, Model: "m"},
 		Sessions: store, Recorder: store, Gate: gate, Limits: lim, Log: slog.New(slog.DiscardHandler)})
 	t.Cleanup(srv.Close)
 	return store, srv.URL
@@ -504,7 +504,7 @@ func TestKeepAliveOutlivesTheClientIdleLimit(t *testing.T) {
 	defer upstream.Close()
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	proxySrv := &proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream.URL, Model: "m"},
+	proxySrv := &proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream.URL, Model: "m"},
 		Sessions: store, Recorder: store, Limits: proxy.Limits{ClientIdle: 50 * time.Millisecond}, Log: slog.New(slog.DiscardHandler)}
 	mux := http.NewServeMux()
 	mux.Handle("/", proxySrv)
@@ -586,7 +586,7 @@ func TestSGLangFirstByteDeadline(t *testing.T) {
 		h, url := newHanging(t, "headers")
 		store := &mem.Store{}
 		store.AddSession("k", "s")
-		srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: sglang.New(url, "m"),
+		srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: sglang.New(url, "m"),
 			Sessions: store, Recorder: store, Limits: proxy.Limits{UpstreamFirstByte: 100 * time.Millisecond}, Log: slog.New(slog.DiscardHandler)})
 		status, body := postChat(t, srv.URL, extra)
 		if status != 504 || !strings.Contains(body, "upstream-first-byte-timeout") {

@@ -102,7 +102,7 @@ func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label st
 	defer up.Close()
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
+	px := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: discardRecorder{}, Log: slog.New(slog.DiscardHandler)})
 	defer px.Close()
 

@@ -109,7 +109,7 @@ func newReplicaFixture(t *testing.T, n, sessions int, interval time.Duration, op
 	for i := range sessions {
 		f.store.AddSession(fmt.Sprintf("key-%d", i), fmt.Sprintf("sess-%d", i))
 	}
-	ts := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: p,
+	ts := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: p,
 		Sessions: f.store, Recorder: f.store, Gate: &proxy.Gate{}, Log: slog.New(slog.DiscardHandler),
 		SessionHeader: fakevllm.SessionHeader})
 	t.Cleanup(ts.Close)
@@ -346,7 +346,7 @@ func TestSessionHeaderNeverCarriesTheKey(t *testing.T) {
 	defer up.Close()
 	store := &mem.Store{}
 	store.AddSession("key-made", "sess-made")
-	ts := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: vllm.New(up.URL, "m"),
+	ts := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: vllm.New(up.URL, "m"),
 		Sessions: store, Recorder: store, OpenSessions: true, Log: slog.New(slog.DiscardHandler), SessionHeader: fakevllm.SessionHeader})
 	defer ts.Close()
 	for _, key := range []string{"key-made", "sk-opened-by-its-call", "sk-opened-by-its-call"} {

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,11 +20,6 @@ import (
 // DefaultMaxBodyBytes bounds a request body (32 MiB): long agent histories with images
 // fit, a runaway client does not exhaust memory.
 const DefaultMaxBodyBytes = 32 << 20
-
-// Dialects are the provider APIs the server speaks; a nil one is not served.
-type Dialects struct {
-	Anthropic, Chat, Responses, Gemini Dialect
-}
 
 // Server is the proxy's HTTP handler. Engine, Sessions and Recorder are required; a nil
 // Gate never pauses, a nil Log logs to slog.Default, a nil Now reads the wall clock.
@@ -88,15 +82,6 @@ type Metrics interface {
 	Failed(api string, kind ErrorKind)
 }
 
-type operation int
-
-const (
-	opGenerate operation = iota
-	opCount
-	opModels
-	opUnknown
-)
-
 func (s *Server) log() *slog.Logger {
 	if s.Log == nil {
 		return slog.Default()
@@ -109,71 +94,6 @@ func (s *Server) now() time.Time {
 		return time.Now()
 	}
 	return s.Now()
-}
-
-// route picks the dialect and the operation: by path first, then by headers, then by
-// the body's shape.
-func (s *Server) route(r *http.Request, body []byte) (Dialect, operation) {
-	p := r.URL.Path
-	d := s.Dialects
-	switch {
-	case strings.HasSuffix(p, "/messages/count_tokens"):
-		return d.Anthropic, opCount
-	case strings.HasSuffix(p, "/messages"):
-		return d.Anthropic, opGenerate
-	case strings.HasSuffix(p, "/chat/completions"):
-		return d.Chat, opGenerate
-	case strings.HasSuffix(p, "/responses"):
-		return d.Responses, opGenerate
-	case strings.HasSuffix(p, ":generateContent"), strings.HasSuffix(p, ":streamGenerateContent"):
-		return d.Gemini, opGenerate
-	case strings.HasSuffix(p, ":countTokens"):
-		return d.Gemini, opCount
-	case strings.HasSuffix(p, "/models") && r.Method == http.MethodGet:
-		switch {
-		case r.Header.Get("anthropic-version") != "" || r.Header.Get("x-api-key") != "":
-			return d.Anthropic, opModels
-		case strings.Contains(p, "v1beta") || r.Header.Get("x-goog-api-key") != "":
-			return d.Gemini, opModels
-		default:
-			return d.Chat, opModels
-		}
-	}
-	switch {
-	case r.Header.Get("anthropic-version") != "":
-		return d.Anthropic, opUnknown
-	case r.Header.Get("x-goog-api-key") != "" || r.URL.Query().Get("key") != "":
-		return d.Gemini, opUnknown
-	}
-	var shape map[string]json.RawMessage
-	if json.Unmarshal(body, &shape) == nil {
-		switch {
-		case shape["contents"] != nil:
-			return d.Gemini, opUnknown
-		case shape["input"] != nil:
-			return d.Responses, opUnknown
-		case shape["messages"] != nil && shape["max_tokens"] != nil && shape["system"] != nil:
-			return d.Anthropic, opUnknown
-		}
-	}
-	return d.Chat, opUnknown
-}
-
-// key returns the credential a harness sent, in the order docs/proxy.md ("Sessions")
-// lists them: x-api-key, Authorization: Bearer, x-goog-api-key, ?key=. Only a
-// session's api_key is a credential: a session id is never one, and no floe-specific
-// header carries one.
-func key(r *http.Request) string {
-	if v := r.Header.Get("x-api-key"); v != "" {
-		return v
-	}
-	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && v != "" {
-		return strings.TrimSpace(v)
-	}
-	if v := r.Header.Get("x-goog-api-key"); v != "" {
-		return v
-	}
-	return r.URL.Query().Get("key")
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -197,22 +117,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// A path floe does not serve: its 404 takes the shape the body points to, read only
 		// as far as that needs, and it holds no slot.
 		body, _ := readBody(raw, r, unknownPathBodyBytes, lim.ClientIdle, strangerBodyTimeout(lim))
-		if d, _ = s.route(r, body); d == nil {
-			d = s.fallbackDialect()
-		}
+		d, _ = s.route(r, body)
 		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
 		return
 	}
-	if d == nil {
-		d = s.fallbackDialect()
-	}
-	if op != opModels && r.Method != http.MethodPost {
+	if op != OpModels && r.Method != http.MethodPost {
 		s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: fmt.Sprintf("floe serves no %s %s", r.Method, r.URL.Path)})
 		return
 	}
 	// The key is checked before any slot is taken or any of the body is read: a caller
 	// without a live session's key holds nothing of floe, however slowly it sends.
-	session, aerr := s.authenticate(r)
+	session, aerr := s.authenticate(r, d)
 	if aerr != nil {
 		s.writeError(w, d, aerr)
 		return
@@ -224,9 +139,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), upstreamSessionID(session, r), s.SessionHeader)
+	ctx := WithSession(WithUpstreamTimeouts(r.Context(), lim.upstream()), upstreamSessionID(session, d.Key(r)), s.SessionHeader)
 	switch op {
-	case opModels:
+	case OpModels:
 		models, err := s.Engine.Models(ctx)
 		if err != nil {
 			s.fail(w, d, err)
@@ -234,7 +149,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		d.WriteModels(w, models)
 		return
-	case opCount:
+	case OpCount:
 		counter, ok := d.(TokenCounter)
 		if !ok {
 			s.writeError(w, d, &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Message: "this API has no token counting"})
@@ -264,8 +179,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // upstreamSessionID is how a call's session is named upstream (to a replica pool and in
 // the session header): its id, or, for a session whose id is its caller's key (one
 // opened by -open-sessions), a digest of it, since the key must never leave floe.
-func upstreamSessionID(session string, r *http.Request) string {
-	if session != key(r) {
+func upstreamSessionID(session, key string) string {
+	if session != key {
 		return session
 	}
 	sum := sha256.Sum256([]byte("floe-session\x00" + session))
@@ -314,23 +229,14 @@ func (s *Server) storeFailed(err error) {
 	s.storeErr.Store(&reason)
 }
 
-func (s *Server) fallbackDialect() Dialect {
-	for _, d := range []Dialect{s.Dialects.Chat, s.Dialects.Anthropic, s.Dialects.Responses, s.Dialects.Gemini} {
-		if d != nil {
-			return d
-		}
-	}
-	return nil
-}
-
 // authenticate resolves the caller's key to its session before anything goes upstream.
 // An unknown key, and the key of a session that was finished (completed, failed or timed
 // out), are refused with the provider's authentication error (401, which SDKs do not
 // retry); the answer names no session and no path.
-func (s *Server) authenticate(r *http.Request) (string, *Error) {
+func (s *Server) authenticate(r *http.Request, d Dialect) (string, *Error) {
 	unknown := &Error{Status: http.StatusUnauthorized, Kind: ErrAuthentication,
 		Message: "unknown API key: use the api_key of a session created for this rollout"}
-	k := key(r)
+	k := d.Key(r)
 	if k == "" {
 		return "", unknown
 	}
@@ -411,7 +317,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, d Dialect, req
 		defer leave()
 		ctx, version = c, v
 	}
-	upCtx := WithSession(WithUpstreamTimeouts(ctx, lim.upstream()), upstreamSessionID(session, r), s.SessionHeader)
+	upCtx := WithSession(WithUpstreamTimeouts(ctx, lim.upstream()), upstreamSessionID(session, d.Key(r)), s.SessionHeader)
 	rec := func(res *Result, problem string) error {
 		// The caller's context, not the call's: a call the upstream finished is recorded
 		// even if a drain cut it off just after.

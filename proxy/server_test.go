@@ -191,7 +191,7 @@ func newFixture(t *testing.T, up *fakeVLLM) *fixture {
 	f := &fixture{up: up, store: &mem.Store{}, gate: &proxy.Gate{}}
 	f.store.AddSession("key-1", "sess-1")
 	f.srv = &proxy.Server{
-		Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream.URL},
+		Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: upstream.URL},
 		Sessions: f.store, Recorder: f.store, Gate: f.gate, Log: slog.New(slog.DiscardHandler),
 	}
 	ts := httptest.NewServer(f.srv)
@@ -336,7 +336,7 @@ func TestUpstreamRefusingConnections(t *testing.T) {
 	lis.Close() // nothing listens there now
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: "http://" + addr, Model: "m"},
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: "http://" + addr, Model: "m"},
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	for _, extra := range []string{"", `,"stream":true`} {
@@ -499,7 +499,7 @@ func TestUpstreamDyingBeforeTheFirstDelta(t *testing.T) {
 	defer up.Close()
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: up.URL, Model: "m"},
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, `,"stream":true`)))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -20,7 +19,7 @@ import (
 )
 
 // ArchiveDirName is the archive's directory inside the data dir unless -archive-dir says.
-const ArchiveDirName = "archive"
+const ArchiveDirName = trace.ArchiveDirName
 
 // ArchiveStore is what archiving needs of the store (*bolt.Store).
 type ArchiveStore interface {
@@ -45,20 +44,18 @@ type ArchiveStore interface {
 // What a step trained on (each session's advantage, each call's mark) is replayed from
 // the decisions its record holds, never derived from floe's settings.
 type Archiver struct {
-	Store   ArchiveStore
-	Dir     string
-	Compact bolt.CompactPolicy
-	Mem     memory.Allocator
-	Log     *slog.Logger
+	Store ArchiveStore
+	Dir   string // the archive's directory (Retention.Dir of the data dir)
+	// Retention holds the retry delays and the compaction thresholds; its Archive and
+	// ArchiveDir were read by whoever built the archiver.
+	Retention trace.Retention
+	Mem       memory.Allocator
+	Log       *slog.Logger
 	// Write bounds the memory one step's calls take while they are written (zero: the
 	// production setting).
 	Write archive.WriteOptions
 	// Metrics, when set, counts the steps archived, the failures and the time taken.
 	Metrics ArchiveMetrics
-	// RetryAfter is how long a step or dropped group that failed is left before it is
-	// tried again, doubling with each failure in a row up to MaxRetryAfter (defaults 1
-	// minute and 30 minutes); the others go on meanwhile.
-	RetryAfter, MaxRetryAfter time.Duration
 
 	mu      sync.Mutex // guards failing and status
 	failing map[string]*archiveFailure
@@ -164,7 +161,7 @@ func (a *Archiver) outcome(what string, step bool, took time.Duration, err error
 			a.failing[what] = f
 		}
 		f.count++
-		wait, most := a.RetryAfter, a.MaxRetryAfter
+		wait, most := a.Retention.RetryAfter, a.Retention.MaxRetryAfter
 		if wait <= 0 {
 			wait = time.Minute
 		}
@@ -264,7 +261,7 @@ func (a *Archiver) ArchiveCommitted(ctx context.Context) ([]int64, error) {
 	if len(done) == 0 && dropped == 0 {
 		return done, errors.Join(errs...)
 	}
-	p := a.Compact
+	p := bolt.CompactPolicy{MinFileBytes: a.Retention.CompactMinFileBytes, Factor: a.Retention.CompactFactor}
 	p.LiveFloor = max(p.LiveFloor, a.live.max())
 	c, err := a.Store.CompactIfWorth(p)
 	if err != nil {
@@ -485,10 +482,7 @@ func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]bo
 
 // archiveDir is where cfg's archive goes.
 func (cfg Config) archiveDir() string {
-	if cfg.ArchiveDir != "" {
-		return cfg.ArchiveDir
-	}
-	return filepath.Join(cfg.DataDir, ArchiveDirName)
+	return cfg.Retention.Dir(cfg.DataDir)
 }
 
 // liveWindowLen is how many archiving passes the compaction's hysteresis remembers.

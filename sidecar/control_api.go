@@ -11,23 +11,14 @@ import (
 	"math"
 	"net/http"
 	"path/filepath"
-	"sync"
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
 )
-
-// SessionStore is what the control API needs of the trace store: mem.Store or the
-// durable bolt.Store.
-type SessionStore interface {
-	CreateSession(s trace.Session, key string, groupSize int) error
-	SetGroupSize(group string, size int) error
-	FinishSession(id string, reward float64, status trace.Status) error
-	Session(id string) (trace.Session, error)
-}
 
 // DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
 const DefaultMaxAbsReward = 1e6
@@ -38,8 +29,9 @@ const DefaultMaxAbsReward = 1e6
 // own listener (-control-addr), never on the proxy's: the harness, which holds the proxy
 // address, must reach none of it (docs/security.md).
 type ControlAPI struct {
-	Store SessionStore
-	Gate  *proxy.Gate
+	// Node is what every call acts on: the sessions' store, the gate, the status. The
+	// API only decodes, checks and answers.
+	Node *Node
 	// Token, when set, is required on every call (and on /metrics) as
 	// "Authorization: Bearer <Token>"; a call without it is answered 401.
 	Token string
@@ -47,29 +39,18 @@ type ControlAPI struct {
 	// not finite or beyond it is answered 400.
 	MaxAbsReward float64
 	// BaseURL is the proxy's address as harnesses reach it, for the base_urls of a new
-	// session.
-	BaseURL string
+	// session: one per provider of Dialects (nil: providers.Dialects(), all of them).
+	BaseURL  string
+	Dialects proxy.Dialects
 	// DefaultGroupSize completes a named group that gave no group_size (0: no size).
 	DefaultGroupSize int
-	// Finished, when set, is called after a session finished (the step former wakes up).
-	Finished func()
-	// FinishedStatus, when set, is called after a session finished, with its status.
-	FinishedStatus func(trace.Status)
 	// Metrics, when set, is served at GET /metrics.
 	Metrics http.Handler
-	// Status, when set, is floe's status for GET /floe/v1/status (the same the Flight
-	// status action answers); without it the gate's state alone is reported.
-	Status func() Status
 	// MinGroupSize is -min-group-size: a finish whose group cannot reach it says so.
 	MinGroupSize int
-	// Log gets a line for each group's state after a finish (waiting or complete).
-	Log *slog.Logger
 	// ArchiveDir is where archived steps go; with a Store that remembers forgotten
 	// sessions (bolt.Store), GET of an archived session names its partition there.
 	ArchiveDir string
-
-	mu       sync.Mutex
-	sessions int
 }
 
 type sessionInfo struct {
@@ -142,29 +123,29 @@ func (c *ControlAPI) createSession(w http.ResponseWriter, r *http.Request) {
 	if group == "" {
 		group = id // a session alone is a group of one
 	}
-	if err := c.Store.CreateSession(trace.Session{ID: id, TaskID: req.TaskID, GroupID: group}, key, req.GroupSize); err != nil {
+	if err := c.Node.store.CreateSession(trace.Session{ID: id, TaskID: req.TaskID, GroupID: group}, key, req.GroupSize); err != nil {
 		c.error(w, http.StatusConflict, "create session: %v", err)
 		return
 	}
 	// The default size applies to a named group that no session gave a size: a group
 	// that has one keeps it.
 	if req.GroupSize == 0 && req.GroupID != "" && c.DefaultGroupSize > 0 {
-		if err := c.Store.SetGroupSize(group, c.DefaultGroupSize); err != nil && !errors.Is(err, trace.ErrGroupSize) {
+		if err := c.Node.store.SetGroupSize(group, c.DefaultGroupSize); err != nil && !errors.Is(err, trace.ErrGroupSize) {
 			c.error(w, http.StatusInternalServerError, "group %q: %v", group, err)
 			return
 		}
 	}
-	c.mu.Lock()
-	c.sessions++
-	c.mu.Unlock()
-	c.reply(w, map[string]any{"session_id": id, "api_key": key, "group_id": group, "base_urls": map[string]string{
-		"anthropic": c.BaseURL, "openai": c.BaseURL + "/v1", "gemini": c.BaseURL,
-	}})
+	c.Node.sessionCreated()
+	dialects := c.Dialects
+	if dialects == nil {
+		dialects = providers.Dialects()
+	}
+	c.reply(w, map[string]any{"session_id": id, "api_key": key, "group_id": group, "base_urls": dialects.BaseURLs(c.BaseURL)})
 }
 
 func (c *ControlAPI) getSession(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	s, err := c.Store.Session(id)
+	s, err := c.Node.store.Session(id)
 	if err != nil {
 		if c.answerArchived(w, id) {
 			return
@@ -206,21 +187,14 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	if err := c.Store.FinishSession(id, *req.Reward, req.Status); err != nil {
-		c.error(w, http.StatusConflict, "finish: %v", err)
+	g, known, err := c.Node.FinishSession(r.Context(), id, *req.Reward, req.Status)
+	if err != nil {
+		c.error(w, httpStatusOf(err), "%v", err)
 		return
 	}
-	if c.Finished != nil {
-		c.Finished()
-	}
-	if c.FinishedStatus != nil {
-		c.FinishedStatus(req.Status)
-	}
 	out := map[string]any{"session_id": id, "status": req.Status, "reward": *req.Reward}
-	if gs, ok := c.Store.(groupStates); ok {
-		if g, err := gs.SessionGroupState(id); err == nil {
-			c.reportGroup(out, g)
-		}
+	if known {
+		c.reportGroup(out, g)
 	}
 	c.reply(w, out)
 }
@@ -295,12 +269,11 @@ func groupCounts(gs []trace.GroupState) *GroupCounts {
 }
 
 func (c *ControlAPI) pause(w http.ResponseWriter, r *http.Request) {
-	v, err := c.Gate.Pause(r.Context())
+	v, err := c.Node.Pause(r.Context(), ViaControl)
 	if err != nil {
-		c.error(w, http.StatusServiceUnavailable, "pause: %v", err)
+		c.error(w, httpStatusOf(err), "%v", err)
 		return
 	}
-	c.log().Info("rollouts paused", "policy_version", v, "via", "control")
 	c.reply(w, map[string]any{"paused": true, "policy_version": v})
 }
 
@@ -312,31 +285,29 @@ func (c *ControlAPI) resume(w http.ResponseWriter, r *http.Request) {
 		c.error(w, http.StatusBadRequest, `body must be {"policy_version": n}`)
 		return
 	}
-	if err := resumeLogged(c.Gate, *req.PolicyVersion, c.log(), "control"); err != nil {
-		c.error(w, http.StatusConflict, "resume: %v", err)
+	if err := c.Node.Resume(r.Context(), *req.PolicyVersion, ViaControl); err != nil {
+		c.error(w, httpStatusOf(err), "%v", err)
 		return
 	}
 	c.reply(w, map[string]any{"paused": false, "policy_version": *req.PolicyVersion})
 }
 
-func (c *ControlAPI) status(w http.ResponseWriter, _ *http.Request) {
-	var out Status
-	if c.Status != nil {
-		out = c.Status()
-	} else {
-		out.Paused, out.PolicyVersion, out.Inflight = c.Gate.State()
-		out.Reports = []arrowflight.Report{}
+func (c *ControlAPI) status(w http.ResponseWriter, r *http.Request) {
+	c.reply(w, c.Node.Status(r.Context()))
+}
+
+// httpStatusOf maps a Node's error to its HTTP status by its class, as the Flight
+// service maps the same classes to gRPC codes (arrowflight/source.go).
+func httpStatusOf(err error) int {
+	switch {
+	case errors.Is(err, arrowflight.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, arrowflight.ErrRefused):
+		return http.StatusConflict
+	case errors.Is(err, arrowflight.ErrUnavailable):
+		return http.StatusServiceUnavailable
 	}
-	c.mu.Lock()
-	n := c.sessions
-	c.mu.Unlock()
-	out.Sessions = &n
-	if gs, ok := c.Store.(groupStates); ok {
-		if all, err := gs.Groups(); err == nil {
-			out.Groups = groupCounts(all)
-		}
-	}
-	c.reply(w, out)
+	return http.StatusInternalServerError
 }
 
 func token(n int) string {
@@ -354,7 +325,7 @@ type forgettingStore interface {
 // Gone, naming the step it went with and its archive partitions; it reports false for an
 // id the store never forgot.
 func (c *ControlAPI) answerArchived(w http.ResponseWriter, id string) bool {
-	fs, ok := c.Store.(forgettingStore)
+	fs, ok := c.Node.store.(forgettingStore)
 	if !ok {
 		return false
 	}
@@ -398,9 +369,6 @@ func (c *ControlAPI) answerArchived(w http.ResponseWriter, id string) bool {
 	return true
 }
 
-func (c *ControlAPI) log() *slog.Logger {
-	if c.Log == nil {
-		return slog.Default()
-	}
-	return c.Log
-}
+// log is the Node's: a group's state after a finish is logged beside the pauses and
+// resumes.
+func (c *ControlAPI) log() *slog.Logger { return c.Node.log }

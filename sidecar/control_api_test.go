@@ -18,7 +18,7 @@ import (
 
 func TestControlAPISessionsAndPause(t *testing.T) {
 	store, gate := &mem.Store{}, &proxy.Gate{}
-	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test"}
+	api := &ControlAPI{Node: newTestNode(t, NodeConfig{Store: store, Gate: gate}), BaseURL: "http://floe.test"}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	do := func(method, path, body string) (int, map[string]any) {
@@ -49,10 +49,10 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 		got["status"] != "running" || len(got["calls"].([]any)) != 1 {
 		t.Errorf("get: %d %v", code, got)
 	}
-	finished := 0
-	api.Finished = func() { finished++ }
-	if code, got := do("POST", "/floe/v1/sessions/"+id+"/finish", `{"reward": 0.5, "status": "failed"}`); code != 200 || finished != 1 {
-		t.Errorf("finish: %d %v (hook called %d times)", code, got, finished)
+	// A finish wakes the Node's step former: its group may be complete.
+	api.Node.former = &stepFormer{wake: make(chan struct{}, 1)}
+	if code, got := do("POST", "/floe/v1/sessions/"+id+"/finish", `{"reward": 0.5, "status": "failed"}`); code != 200 || len(api.Node.former.wake) != 1 {
+		t.Errorf("finish: %d %v (former woken: %d)", code, got, len(api.Node.former.wake))
 	}
 	if code, got := do("GET", "/floe/v1/sessions/"+id, ""); got["status"] != "failed" || got["reward"] != 0.5 {
 		t.Errorf("after finish: %d %v", code, got)
@@ -80,7 +80,7 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 	}
 	entered := make(chan int64)
 	go func() {
-		v, leave, _ := gate.Enter(context.Background())
+		_, v, leave, _ := gate.Admit(context.Background())
 		leave()
 		entered <- v
 	}()
@@ -115,7 +115,7 @@ func TestControlAPISessionsAndPause(t *testing.T) {
 // the group open; the default size applies only to a group that has none.
 func TestControlAPIGroupSizeFirstKept(t *testing.T) {
 	store := &mem.Store{}
-	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, BaseURL: "http://floe.test", DefaultGroupSize: 8}
+	api := &ControlAPI{Node: newTestNode(t, NodeConfig{Store: store, Gate: &proxy.Gate{}}), BaseURL: "http://floe.test", DefaultGroupSize: 8}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	create := func(body string) int {
@@ -162,7 +162,7 @@ func TestControlAPIGroupSizeFirstKept(t *testing.T) {
 func TestControlAPIToken(t *testing.T) {
 	store, gate := &mem.Store{}, &proxy.Gate{}
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "m 1\n") })
-	api := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://floe.test", Token: "s3cret", Metrics: metrics}
+	api := &ControlAPI{Node: newTestNode(t, NodeConfig{Store: store, Gate: gate}), BaseURL: "http://floe.test", Token: "s3cret", Metrics: metrics}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	do := func(method, path, body, auth string) int {
@@ -209,7 +209,7 @@ func TestControlAPIToken(t *testing.T) {
 // other is answered 400 naming the field, and the session stays running.
 func TestControlAPIRewardBounds(t *testing.T) {
 	store := &mem.Store{}
-	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, BaseURL: "http://floe.test", MaxAbsReward: 100}
+	api := &ControlAPI{Node: newTestNode(t, NodeConfig{Store: store, Gate: &proxy.Gate{}}), BaseURL: "http://floe.test", MaxAbsReward: 100}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	resp, err := http.Post(srv.URL+"/floe/v1/sessions", "application/json", strings.NewReader(`{"task_id": "t"}`))
@@ -252,7 +252,7 @@ func TestControlAPIRewardBounds(t *testing.T) {
 func TestFinishSaysWhatBecomesOfTheGroup(t *testing.T) {
 	var logs strings.Builder
 	store := &mem.Store{}
-	api := &ControlAPI{Store: store, Gate: &proxy.Gate{}, MinGroupSize: 2, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	api := &ControlAPI{MinGroupSize: 2, Node: newTestNode(t, NodeConfig{Store: store, Gate: &proxy.Gate{}, Log: slog.New(slog.NewTextHandler(&logs, nil))})}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	post := func(path, body string) map[string]any {
@@ -317,7 +317,7 @@ func TestFinishSaysWhatBecomesOfTheGroup(t *testing.T) {
 // and a refused resume says why.
 func TestPauseAndResumeAreLogged(t *testing.T) {
 	var logs strings.Builder
-	api := &ControlAPI{Store: &mem.Store{}, Gate: &proxy.Gate{}, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	api := &ControlAPI{Node: newTestNode(t, NodeConfig{Store: &mem.Store{}, Gate: &proxy.Gate{}, Log: slog.New(slog.NewTextHandler(&logs, nil))})}
 	srv := httptest.NewServer(api.Handler())
 	defer srv.Close()
 	for _, c := range []struct {

@@ -174,7 +174,7 @@ func TestRestartReplaysTheStepsDecisions(t *testing.T) {
 // the committed one with its advantages, and records the decisions in the store.
 func TestServeDecidesAnOlderStoresSteps(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.Archive = false // the committed step stays in the store, as -archive=false left it
+	cfg.Retention.Archive = false // the committed step stays in the store, as -archive=false left it
 	r, stop := serving(t, cfg)
 	r.group(0)
 	servedStep(t, r.flight, 0)
@@ -184,7 +184,7 @@ func TestServeDecidesAnOlderStoresSteps(t *testing.T) {
 	stop()
 	writeFormatThree(t, cfg.DataDir)
 
-	cfg.Archive = true
+	cfg.Retention.Archive = true
 	r, stop = serving(t, cfg)
 	if where := sameBytes(served, servedStep(t, r.flight, 1)); where != "" {
 		t.Errorf("step 1 of a format 3 store served again differs from the step first served: %s", where)

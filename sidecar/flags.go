@@ -79,11 +79,11 @@ var serveFlags = []struct {
 		fs.StringVar(&c.DataDir, n, c.DataDir, "where the durable trace store lives")
 	}},
 	{"archive", func(c *Config, fs *flag.FlagSet, n string) {
-		fs.BoolVar(&c.Archive, n, c.Archive,
+		fs.BoolVar(&c.Retention.Archive, n, c.Retention.Archive,
 			"move each committed step's calls, sessions and record from the store into Parquet under -archive-dir and compact the store, so it stays bounded; false: keep everything in the store")
 	}},
 	{"archive-dir", func(c *Config, fs *flag.FlagSet, n string) {
-		fs.StringVar(&c.ArchiveDir, n, c.ArchiveDir, "where archived steps go (default: <data-dir>/archive)")
+		fs.StringVar(&c.Retention.ArchiveDir, n, c.Retention.ArchiveDir, "where archived steps go (default: <data-dir>/archive)")
 	}},
 	{batcher.FlagStrategy, registerBatcherFlag},
 	{batcher.FlagAdvantage, registerBatcherFlag},

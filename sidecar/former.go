@@ -11,7 +11,6 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/sidecar/plan"
 	"github.com/floe-rl/floe/trace"
 )
@@ -153,14 +152,22 @@ type stepFormer struct {
 	now   func() time.Time
 	// steps chooses the budget of each new step and is told of each formed step.
 	steps *stepTracker
-	// gate holds the current policy version, against which staleness is measured.
-	gate    *proxy.Gate
+	// version is the Node's policy version, against which staleness is measured.
+	version *policyVersion
 	metrics *Metrics
 
 	exams map[string]*examined
 
 	mu      sync.Mutex
 	dropped []DroppedGroup // the latest keepDropped, for the status
+}
+
+// poke wakes the former: a session finished, or a commit made room. It never blocks.
+func (f *stepFormer) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
 }
 
 // keepDropped bounds the dropped groups the status lists.
@@ -217,7 +224,7 @@ func (f *stepFormer) advance(ctx context.Context) error {
 			st.MaxTokenBudget = f.cfg.TokenBudgetMax
 		}
 		if f.cfg.MaxStaleness >= 0 {
-			_, current, _ := f.gate.State()
+			current := f.version.get()
 			st.MinPolicyVersion = max(0, current-f.cfg.MaxStaleness)
 		}
 		ds := plan.Plan(st, f.cfg.policy(), f.now())

@@ -16,7 +16,6 @@ import (
 
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/gpu"
-	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
@@ -71,7 +70,7 @@ func newTestFormer(t *testing.T, store FormerStore, cfg Config, first int64, bud
 	return &stepFormer{cfg: cfg, store: store, ready: rb, mem: memory.NewGoAllocator(),
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), wake: make(chan struct{}, 1),
 		now: func() time.Time { return now }, steps: newStepTracker(slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil, nil, budget),
-		gate: &proxy.Gate{}, metrics: NewMetrics(State{Ready: rb}), exams: map[string]*examined{}}
+		version: &policyVersion{}, metrics: NewMetrics(State{Ready: rb}), exams: map[string]*examined{}}
 }
 
 // TestFormerExaminesEachGroupOnceAndRecordsTheBudget: groups completing one at a time

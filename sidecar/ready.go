@@ -17,21 +17,19 @@ import (
 // dropped); the trainer takes steps by number and commits each exactly once.
 type Ready struct {
 	ahead int
-	// OnCommit, when set, makes a commit durable before the buffer releases the step; an
-	// error fails the commit.
-	OnCommit func(n int64) error
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced on every change, to wake waiters
 	steps     map[int64]arrowflight.Step
 	committed map[int64]bool
-	first     int64 // number of the first step this buffer holds
-	next      int64 // number of the next step Put accepts
-	end       int64 // no step at or past end will be formed; -1 while unknown
-	closed    bool
+	// committing holds the steps whose commit the Node is making durable now, outside
+	// the lock: the disk write must not hold Step, Next, Put or Status behind it.
+	committing map[int64]bool
+	first      int64 // number of the first step this buffer holds
+	next       int64 // number of the next step Put accepts
+	end        int64 // no step at or past end will be formed; -1 while unknown
+	closed     bool
 }
-
-var _ arrowflight.Source = (*Ready)(nil)
 
 // NewReady returns an empty buffer of at most ahead uncommitted steps, whose first step
 // will be number first; the steps below first count as committed (a restarted floe
@@ -39,7 +37,7 @@ var _ arrowflight.Source = (*Ready)(nil)
 func NewReady(ahead int, first int64) *Ready {
 	return &Ready{
 		ahead: max(ahead, 1), changed: make(chan struct{}), first: first, next: first, end: -1,
-		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{},
+		steps: map[int64]arrowflight.Step{}, committed: map[int64]bool{}, committing: map[int64]bool{},
 	}
 }
 
@@ -155,10 +153,14 @@ func (r *Ready) Step(ctx context.Context, n int64) (arrowflight.Step, error) {
 // Next returns the oldest uncommitted step once READY.
 func (r *Ready) Next(ctx context.Context) (arrowflight.Step, error) {
 	return r.wait(ctx, func() (arrowflight.Step, error) {
-		if len(r.steps) > 0 {
-			return r.steps[slices.Min(r.readyLocked())], nil
+		// A step being committed is on its way out: the next one is the oldest after it
+		// (if its commit fails it is READY again, and the waiters are woken).
+		for _, n := range r.readyLocked() {
+			if !r.committing[n] {
+				return r.steps[n], nil
+			}
 		}
-		if r.closed {
+		if r.closed && len(r.steps) == 0 {
 			return nil, fmt.Errorf("next step: %w: every step up to %d was committed", arrowflight.ErrNoSuchStep, r.next-1)
 		}
 		return nil, nil
@@ -183,25 +185,44 @@ func (r *Ready) wait(ctx context.Context, try func() (arrowflight.Step, error)) 
 	}
 }
 
-// Commit consumes step n.
-func (r *Ready) Commit(n int64) error {
+// claim marks step n as being committed (Node.Commit): it stays in the buffer, Next
+// passes over it, and Step, Put and Status go on answering while the Node makes the
+// commit durable. A second commit of the same step waits for the first's outcome, as it
+// did when the write ran under the lock. Every claim is settled.
+func (r *Ready) claim(n int64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for r.committing[n] {
+		ch := r.changed
+		r.mu.Unlock()
+		<-ch
+		r.mu.Lock()
+	}
 	if r.committed[n] {
 		return fmt.Errorf("step %d is already committed: %w", n, arrowflight.ErrCommitted)
 	}
 	if _, ok := r.steps[n]; !ok {
 		return fmt.Errorf("step %d is not READY (READY: %v)", n, r.readyLocked())
 	}
-	if r.OnCommit != nil {
-		if err := r.OnCommit(n); err != nil {
-			return fmt.Errorf("step %d: %w", n, err)
-		}
+	r.committing[n] = true
+	return nil
+}
+
+// settle ends claim(n) with the durable write's outcome: on success the step is
+// released and never served again; on failure it is READY again.
+func (r *Ready) settle(n int64, err error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.committing, n)
+	defer r.notify() // wake a second commit, and Next, whatever the outcome
+	if err != nil {
+		return fmt.Errorf("step %d: %w", n, err)
 	}
-	r.steps[n].Release()
-	delete(r.steps, n)
+	if st, ok := r.steps[n]; ok { // gone if Shutdown ran meanwhile, which released it
+		st.Release()
+		delete(r.steps, n)
+	}
 	r.committed[n] = true
-	r.notify()
 	return nil
 }
 
@@ -222,9 +243,6 @@ type ReadyStatus struct {
 	StepsAhead int     `json:"steps_ahead"`
 	Closed     bool    `json:"closed"`
 }
-
-// Status implements arrowflight.Source: a Snapshot.
-func (r *Ready) Status() any { return r.Snapshot() }
 
 // Snapshot is the buffer's state now.
 func (r *Ready) Snapshot() ReadyStatus {

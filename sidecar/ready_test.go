@@ -69,7 +69,7 @@ func TestReadyBackpressureAndCommit(t *testing.T) {
 	if err := r.Put(ctx, fakeStep(9)); err == nil || !strings.Contains(err.Error(), "want step 3") {
 		t.Errorf("out-of-order Put: %v", err)
 	}
-	got := r.Status().(ReadyStatus)
+	got := r.Snapshot()
 	if len(got.Ready) != 2 || got.NextStep != 3 || got.Committed != 1 || got.Closed {
 		t.Errorf("status %+v", got)
 	}

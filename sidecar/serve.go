@@ -22,6 +22,7 @@ import (
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
+	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -111,11 +112,10 @@ type Config struct {
 	UpstreamHealthInterval time.Duration
 	UpstreamSessionHeader  string
 
-	// Archive moves each committed step's calls, sessions and record out of the store
-	// into Parquet under ArchiveDir (default <data-dir>/archive) and compacts the store
-	// when that pays, so the data dir's store stays bounded (docs/archive.md).
-	Archive    bool
-	ArchiveDir string
+	// Retention is what floe keeps and for how long: archiving each committed step out
+	// of the store into Parquet (default under <data-dir>/archive) and compacting the
+	// store when that pays, so the data dir's store stays bounded (docs/archive.md).
+	Retention trace.Retention
 }
 
 // DefaultConfig returns floe serve's defaults (docs/design.md, "Defaults").
@@ -127,7 +127,7 @@ func DefaultConfig() Config {
 		GroupsPerStep: 1, StepsAhead: 2, MaxStaleness: -1, MaxAbsReward: DefaultMaxAbsReward,
 		TokenBudgetMin: 8192, TokenBudgetMax: 65536, MemoryTarget: gpu.DefaultMemoryTarget,
 		ProxyLimits: defaultProxyLimits(), DrainTimeout: proxy.DefaultDrainTimeout, MaxPause: DefaultMaxPause,
-		Sampling: proxy.SamplingRecord, Archive: true,
+		Sampling: proxy.SamplingRecord, Retention: trace.Retention{Archive: true},
 	}
 }
 
@@ -342,24 +342,14 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
 	steps.observer = cfg.Observer
 
-	// Rollouts go on under the policy version the trainer last resumed them with.
-	version, err := store.PolicyVersion()
+	// The Node owns the lifecycle and the policy version: it starts the gate at the
+	// version the trainer last resumed rollouts with, and records every resume.
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: PauseExpired(log)}
+	node, err := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: store})
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
-	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: PauseExpired(log)}
-	if err := gate.Resume(version); err != nil {
-		return err
-	}
-	gate.Persist = store.SetPolicyVersion
 	mem := memory.NewGoAllocator()
-	wake := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	}
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
 		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
 		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader,
@@ -379,47 +369,22 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 		cl.Close()
 		return fmt.Errorf("flight listen: %w", err)
 	}
-	former := &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: wake, now: time.Now, steps: steps,
-		gate: gate, metrics: metrics, exams: map[string]*examined{}}
-	var archiver *Archiver
-	if cfg.Archive {
-		archiver = NewArchiver(store, cfg.archiveDir(), mem, log)
-		archiver.Metrics = metrics
+	node.steps, node.metrics, node.upstreams = steps, metrics, engine
+	node.former = &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: make(chan struct{}, 1), now: time.Now,
+		steps: steps, version: node.version, metrics: metrics, exams: map[string]*examined{}}
+	if cfg.Retention.Archive {
+		node.archiver = NewArchiver(store, cfg.archiveDir(), mem, log)
+		node.archiver.Retention = cfg.Retention
+		node.archiver.Metrics = metrics
 	}
-	describe := func(st *Status) {
-		steps.describe(st)
-		st.DroppedGroups = former.droppedGroups()
-		st.Upstreams = engine.Status()
-		if u, err := store.Usage(); err == nil {
-			st.Store = &u // what the durable store holds and costs on disk
-		} else {
-			log.Warn("measuring the store", "err", err)
-		}
-		if archiver != nil {
-			a := archiver.Status()
-			st.Archive = &a
-		}
-	}
-	tc := &TrainerControl{Log: log, Gate: gate, OnReport: steps.report, Ready: rb, Describe: describe}
-	control := &ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + pl.Addr().String(),
-		DefaultGroupSize: cfg.GroupSize, Finished: poke, FinishedStatus: metrics.sessionFinished,
-		Metrics: metrics.Handler(), Status: tc.Snapshot, Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
-		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize, Log: log}
+	control := &ControlAPI{Node: node, BaseURL: "http://" + pl.Addr().String(), DefaultGroupSize: cfg.GroupSize,
+		Metrics: metrics.Handler(), Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
+		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize}
 	hs, conns := ProxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
 	guardMetrics(metrics.Registry(), gate, conns)
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	fs := &arrowflight.Server{Source: rb, Control: tc, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
-	rb.OnCommit = func(n int64) error {
-		if err := store.CommitStep(n); err != nil {
-			return err
-		}
-		steps.committed(n)
-		poke() // room in the buffer
-		if archiver != nil {
-			archiver.Kick()
-		}
-		return nil
-	}
+	door := node.Flight()
+	fs := &arrowflight.Server[Status]{Source: door, Control: door, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
 
 	if ready != nil {
 		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Control: "http://" + cl.Addr().String(), Flight: arrowflight.Location(fl)})
@@ -427,16 +392,13 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
 		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Archive)
+		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Retention.Archive)
 	warnOpenListeners(cfg, log)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()
 	p.Go(mon.Run)
-	p.Go(engine.Run) // the replicas' health checks
-	p.Go(func(ctx context.Context) error { return former.run(ctx, pending) })
-	if archiver != nil {
-		p.Go(archiver.Run)
-	}
+	p.Go(engine.Run)                                                        // the replicas' health checks
+	p.Go(func(ctx context.Context) error { return node.Run(ctx, pending) }) // the former and the archiver
 	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, conns.Listener(pl)) })
 	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })

@@ -29,7 +29,8 @@ type Status struct {
 	TrainerPIDs []int32      `json:"trainer_pids,omitempty"`
 	// GPUDevices is how many devices NVML shows floe; absent where floe watches none.
 	GPUDevices *int `json:"gpu_devices,omitempty"`
-	// Groups counts the groups the store holds by state (the control API's status only).
+	// Groups counts the groups the store holds by state; absent where floe takes no
+	// sessions.
 	Groups *GroupCounts `json:"groups,omitempty"`
 	// DroppedGroups are the latest groups set aside without training, oldest first
 	// (floe serve keeps the last 16).

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/trace"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/trace"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/packbench"
+	"github.com/floe-rl/floe/internal/corpus"
 )
 
 func TestRunMatchesFormStep(t *testing.T) {

@@ -23,15 +23,12 @@ func processCPU() time.Duration {
 
 func dialectOf(d Dialect) proxy.Dialect {
 	all := providers.Dialects()
-	switch d {
-	case Responses:
-		return all.Responses
-	case Anthropic:
-		return all.Anthropic
-	case Gemini:
-		return all.Gemini
+	for _, pd := range all {
+		if pd.Name() == string(d) {
+			return pd
+		}
 	}
-	return all.Chat
+	return all[0]
 }
 
 // BenchmarkTranslate is each dialect's share of a call's CPU besides forwarding: decoding

@@ -16,6 +16,7 @@ import (
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/sidecar"
+	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -46,7 +47,7 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		return true, fmt.Errorf("$%s: %w", ServeEnv, err)
 	}
-	store := &mem.Store{MaxStoredBytes: cfg.MaxStoredBytes}
+	store := &mem.Store{Retention: trace.Retention{MaxStoredBytes: cfg.MaxStoredBytes}}
 	for i := 0; i < max(cfg.Keys, 1); i++ {
 		store.AddSession(benchKey(i), benchKey(i))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/proxy/vllm"
+	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/mem"
 )
 
@@ -69,7 +70,7 @@ func BenchmarkServe(b *testing.B) {
 					mode = "stream"
 				}
 				b.Run(fmt.Sprintf("%s/%dKiB/%s", d, size>>10, mode), func(b *testing.B) {
-					store := &mem.Store{MaxStoredBytes: 64 << 20}
+					store := &mem.Store{Retention: trace.Retention{MaxStoredBytes: 64 << 20}}
 					store.AddSession(benchKey(0), benchKey(0))
 					eng := vllm.New("http://upstream", "m")
 					eng.Client = &http.Client{Transport: newCannedUpstream(stream)}

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/e2e"
+	"github.com/floe-rl/floe/internal/corpus"
 )
 
 func TestPythonJSON(t *testing.T) {

@@ -20,10 +20,10 @@ import (
 	"github.com/sourcegraph/conc/pool"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/e2e"
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/internal/cli"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace/bolt"
 )

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/benchmarks/packbench"
 	"github.com/floe-rl/floe/internal/cli"
+	"github.com/floe-rl/floe/internal/corpus"
 )
 
 const packUsage = usage + `

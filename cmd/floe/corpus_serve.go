@@ -14,8 +14,8 @@ import (
 
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
-	"github.com/floe-rl/floe/benchmarks/corpus"
 	"github.com/floe-rl/floe/internal/cli"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/jsonl"
@@ -102,7 +102,12 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer ready.Shutdown()
 	ready.EndAt(int64(len(steps)))
 	mem := memory.NewGoAllocator()
-	srv := &arrowflight.Server{Source: ready, Control: &sidecar.TrainerControl{Log: log, Ready: ready}, Token: cfg.FlightToken, Mem: mem, Log: log}
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: log, Ready: ready}) // no store: commits are not durable
+	if err != nil {
+		return err
+	}
+	door := node.Flight()
+	srv := &arrowflight.Server[sidecar.Status]{Source: door, Control: door, Token: cfg.FlightToken, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Batcher.Strategy)

@@ -49,7 +49,7 @@ func exportDataDir(t *testing.T, dir string) map[string][]trace.Call {
 			t.Fatal(err)
 		}
 	}
-	if err := s.SaveStep(0, []string{"ga"}); err != nil {
+	if err := s.SaveStepRecord(trace.StepRecord{N: 0, Groups: []string{"ga"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.CommitStep(0); err != nil {

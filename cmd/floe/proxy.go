@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sourcegraph/conc/pool"
 
 	"github.com/floe-rl/floe/internal/cli"
@@ -59,7 +61,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := sidecar.CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
 		return err
 	}
-	store := &mem.Store{MaxStoredBytes: *maxStored}
+	store := &mem.Store{Retention: trace.Retention{MaxStoredBytes: *maxStored}}
 	for _, s := range sessions {
 		k, v, ok := strings.Cut(s, "=")
 		if !ok || k == "" || v == "" {
@@ -97,8 +99,15 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		lis.Close()
 		return fmt.Errorf("control listen: %w", err)
 	}
-	control := &sidecar.ControlAPI{Store: store, Gate: gate, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
-		Metrics: retentionMetrics{store}}
+	// floe proxy's Node takes sessions and pauses; it forms no steps.
+	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: log, Gate: gate, Store: store})
+	if err != nil {
+		lis.Close()
+		cl.Close()
+		return err
+	}
+	control := &sidecar.ControlAPI{Node: node, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
+		Metrics: proxyMetrics(store)}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
 	fmt.Fprintln(stdout, string(hello))
 	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "control_token", cfg.ControlToken != "",
@@ -118,16 +127,23 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // with long agent histories it otherwise grew by gigabytes a minute.
 const DefaultMaxStoredBytes = 256 << 20
 
-// retentionMetrics serves the in-memory store's retention counts in Prometheus' text
-// format.
-type retentionMetrics struct{ store *mem.Store }
-
-func (m retentionMetrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	stored, dropped := m.store.Retention()
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	fmt.Fprintf(w, "# HELP floe_proxy_stored_bytes Bytes of the recorded calls kept in memory (counted under -max-stored-bytes).\n# TYPE floe_proxy_stored_bytes gauge\nfloe_proxy_stored_bytes %d\n", stored)
-	fmt.Fprintf(w, "# HELP floe_proxy_dropped_calls_total Recorded calls dropped from memory by -max-stored-bytes.\n# TYPE floe_proxy_dropped_calls_total counter\nfloe_proxy_dropped_calls_total %d\n", dropped.Calls)
-	fmt.Fprintf(w, "# HELP floe_proxy_dropped_bytes_total Bytes of the recorded calls dropped from memory by -max-stored-bytes.\n# TYPE floe_proxy_dropped_bytes_total counter\nfloe_proxy_dropped_bytes_total %d\n", dropped.Bytes)
+// proxyMetrics is floe proxy's /metrics: the in-memory store's retention, through
+// client_golang like floe serve's metrics (read from the store at each scrape, so
+// nothing is counted twice).
+func proxyMetrics(store *mem.Store) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "floe_proxy_stored_bytes",
+			Help: "Bytes of the recorded calls kept in memory (counted under -max-stored-bytes)."},
+			func() float64 { stored, _ := store.Retained(); return float64(stored) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_calls_total",
+			Help: "Recorded calls dropped from memory by -max-stored-bytes."},
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_bytes_total",
+			Help: "Bytes of the recorded calls dropped from memory by -max-stored-bytes."},
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Bytes) }),
+	)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 
 type multiFlag []string

@@ -17,7 +17,12 @@ import (
 
 // Dialects serves all four provider APIs.
 func Dialects() proxy.Dialects {
-	return proxy.Dialects{Anthropic: anthropic.Dialect{}, Chat: openai.Chat{}, Responses: openai.Responses{}, Gemini: gemini.Dialect{}}
+	return proxy.Dialects{
+		openai.Chat{}, // first: the shape of an answer to what no dialect claims
+		anthropic.Dialect{},
+		openai.Responses{},
+		gemini.Dialect{},
+	}
 }
 
 // NewEngine returns the engine of kind ("vllm" or "sglang") for the inference server at

@@ -188,7 +188,7 @@ func newSGLFixture(t *testing.T, up *fakeSGLang) *fixture {
 	f := &fixture{up: up, store: &mem.Store{}}
 	f.store.AddSession("key-1", "sess-1")
 	f.srv = &proxy.Server{
-		Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: &Engine{BaseURL: upstream.URL},
+		Dialects: proxy.Dialects{openai.Chat{}, anthropic.Dialect{}}, Engine: &Engine{BaseURL: upstream.URL},
 		Sessions: f.store, Recorder: f.store, Log: slog.New(slog.DiscardHandler),
 	}
 	ts := httptest.NewServer(f.srv)
@@ -551,7 +551,7 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 	engine := &Engine{BaseURL: "http://" + addr}
 	store := &mem.Store{}
 	store.AddSession("k", "s")
-	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{Chat: openai.Chat{}, Anthropic: anthropic.Dialect{}}, Engine: engine,
+	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}, anthropic.Dialect{}}, Engine: engine,
 		Sessions: store, Recorder: store, Log: slog.New(slog.DiscardHandler)})
 	defer srv.Close()
 	tests := []struct{ path, body, want string }{

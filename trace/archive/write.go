@@ -126,18 +126,6 @@ const (
 	StageSteps    Stage = "steps-written"
 )
 
-// WriteStep writes step st, held in memory, as WriteStepGroups does.
-func WriteStep(root string, st *Step, mem memory.Allocator, at func(Stage)) error {
-	return WriteStepGroups(root, StepHead{Record: st.Record, Committed: st.Committed}, func(yield func(*trace.Group, map[string]SessionInfo) error) error {
-		for gi := range st.Groups {
-			if err := yield(&st.Groups[gi], st.Sessions); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, mem, WriteOptions{At: at})
-}
-
 // WriteStepGroups writes step head's files (WriteStepRows) from groups, each held whole
 // in memory while it is written.
 func WriteStepGroups(root string, head StepHead, groups GroupSource, mem memory.Allocator, opt WriteOptions) error {

@@ -19,7 +19,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/floe-rl/floe/benchmarks/corpus"
+	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/trace"
 )
 

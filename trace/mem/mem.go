@@ -23,12 +23,13 @@ import (
 // for a session that was never created (floe proxy -session KEY=SESSION). A session's id
 // is never a key of it.
 type Store struct {
-	// MaxStoredBytes, when positive, bounds the calls kept: once their payloads (requests,
-	// token ids, log-probs, answers) pass it, the oldest calls recorded, of any session,
-	// are dropped until they fit again, so that a long-running floe proxy stays bounded
-	// (its -record file keeps every call). Indexes go on as if none were dropped. Zero
-	// keeps every call. Set it before the store's first use.
-	MaxStoredBytes int64
+	// Retention's MaxStoredBytes, when positive, bounds the calls kept: once their
+	// payloads (requests, token ids, log-probs, answers) pass it, the oldest calls
+	// recorded, of any session, are dropped until they fit again, so that a long-running
+	// floe proxy stays bounded (its -record file keeps every call). Indexes go on as if
+	// none were dropped. Zero keeps every call. Set it before the store's first use; the
+	// archiving fields mean nothing here.
+	Retention trace.Retention
 
 	mu       sync.Mutex
 	keys     map[string]string
@@ -177,7 +178,7 @@ func (m *Store) Record(ctx context.Context, c *trace.Call) error {
 	}
 	c.Index, s.next = index, next
 	s.s.Calls = append(s.s.Calls, cloneCall(*c))
-	if m.MaxStoredBytes > 0 {
+	if m.Retention.MaxStoredBytes > 0 {
 		m.retainLocked(s, callSize(c))
 	}
 	return nil
@@ -196,7 +197,7 @@ func callSize(c *trace.Call) int64 {
 func (m *Store) retainLocked(s *session, size int64) {
 	m.retained = append(m.retained, retainedCall{s: s, size: size})
 	m.stored += size
-	for m.stored > m.MaxStoredBytes && len(m.retained) > 1 {
+	for m.stored > m.Retention.MaxStoredBytes && len(m.retained) > 1 {
 		old := m.retained[0]
 		m.retained[0] = retainedCall{}
 		m.retained = m.retained[1:]
@@ -210,9 +211,9 @@ func (m *Store) retainLocked(s *session, size int64) {
 	}
 }
 
-// Retention returns the bytes of the calls kept (counted only under MaxStoredBytes) and
+// Retained returns the bytes of the calls kept (counted only under MaxStoredBytes) and
 // what the limit dropped so far.
-func (m *Store) Retention() (stored int64, dropped Dropped) {
+func (m *Store) Retained() (stored int64, dropped Dropped) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.stored, m.dropped

@@ -28,11 +28,11 @@ func TestConformance(t *testing.T) {
 
 // TestConformanceWithRetention: a limit no test reaches changes nothing of the contract.
 func TestConformanceWithRetention(t *testing.T) {
-	stores := tracetest.Factory[tracetest.Store]{New: func(*testing.T) tracetest.Store { return &Store{MaxStoredBytes: 1 << 30} }}
+	stores := tracetest.Factory[tracetest.Store]{New: func(*testing.T) tracetest.Store { return &Store{Retention: trace.Retention{MaxStoredBytes: 1 << 30}} }}
 	t.Run("Recorder", func(t *testing.T) {
 		tracetest.Recorder(t, tracetest.Factory[tracetest.RecorderStore]{
 			New: func(*testing.T) tracetest.RecorderStore {
-				return tracetest.StoreRecorder(&Store{MaxStoredBytes: 1 << 30})
+				return tracetest.StoreRecorder(&Store{Retention: trace.Retention{MaxStoredBytes: 1 << 30}})
 			},
 		})
 	})
@@ -59,7 +59,7 @@ func TestRetentionDropsOldestCalls(t *testing.T) {
 		{name: "a call larger than the limit is kept alone", limit: 10, calls: 3, wantA: []int{1}, dropCalls: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Store{MaxStoredBytes: tc.limit}
+			m := &Store{Retention: trace.Retention{MaxStoredBytes: tc.limit}}
 			m.AddSession("ka", "a")
 			m.AddSession("kb", "b")
 			for i := 0; i < tc.calls; i++ {
@@ -80,7 +80,7 @@ func TestRetentionDropsOldestCalls(t *testing.T) {
 					t.Errorf("session %s keeps calls %v, want %v", id, got, want)
 				}
 			}
-			stored, dropped := m.Retention()
+			stored, dropped := m.Retained()
 			if dropped.Calls != tc.dropCalls || dropped.Bytes != tc.dropCalls*size {
 				t.Errorf("dropped %+v, want %d calls of %d bytes", dropped, tc.dropCalls, size)
 			}

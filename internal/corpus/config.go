@@ -3,6 +3,10 @@
 // template: every prompt is the chat history rendered to token ids, so the prefix
 // structure (group-shared system prompt and task, per-session growing history, and the
 // events that break a plain chain) is the structure the batcher has to exploit.
+//
+// It is internal, not under benchmarks/, because floe corpus-serve serves its steps: the
+// product links the generator and no benchmark code. Its statistics are in
+// benchmarks/corpus/STATS.md.
 package corpus
 
 import (
