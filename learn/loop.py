@@ -57,7 +57,7 @@ class Settings:
     steps: int
     groups_per_step: int = 2
     group_size: int = 8
-    lr: float = 3e-5
+    lr: float = 4e-5
     temperature: float = 1.0
     eval_every: int = 4
     eval_episodes: int = 64

@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--strategies", default="per_request,tree")
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--lr", type=float, default=4e-5)
     p.add_argument("--eval-every", type=int, default=4)
     p.add_argument("--eval-episodes", type=int, default=64)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learn"))
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if vllm is not None:
             vllm.stop()
     if not args.no_report:
-        report.write(out)
+        report.write(out, command="make learn" if argv is None and len(sys.argv) == 1 else "learn/run.py " + " ".join(sys.argv[1:] if argv is None else argv))
         print(f"== report: {out / 'REPORT.md'}", flush=True)
     return 0
 
