@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Callable
@@ -88,7 +87,6 @@ class StepLine:
     eval_s: float
     step_s: float
     held_out_reward: float | None = None
-    stale_calls: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -339,4 +337,4 @@ def ensure_dir(p: Path) -> Path:
     return p
 
 
-__all__ = ["Settings", "StepLine", "run", "evaluate", "to_json", "ensure_dir", "SERVED", "http_json", "os"]
+__all__ = ["Settings", "StepLine", "run", "evaluate", "to_json", "ensure_dir", "SERVED", "http_json"]
