@@ -19,7 +19,8 @@ loops=()
 stop_loops() { for p in "${loops[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap stop_loops EXIT
 
-echo "== fresh clone of $(git -C "$repo" rev-parse --short HEAD) into $work/floe"
+commit="$(git -C "$repo" rev-parse --short HEAD)"  # the clone's, not HEAD's when the report is written
+echo "== fresh clone of $commit into $work/floe"
 git clone --quiet "$repo" "$work/floe"
 
 echo "== $busy busy loops"
@@ -40,7 +41,7 @@ secs=$((end - start))
 {
 	echo "# .ci/run under load"
 	echo
-	echo "\`bash benchmarks/ci-load/run.sh\` (BUSY=$busy): a fresh clone of $(git -C "$repo" rev-parse --short HEAD), .ci/run beside $busy busy loops on $(nproc) cores."
+	echo "\`bash benchmarks/ci-load/run.sh\` (BUSY=$busy): a fresh clone of $commit, .ci/run beside $busy busy loops on $(nproc) cores."
 	echo
 	echo "| exit status | wall time | load average at the end (1, 5, 15 min) |"
 	echo "|---|---|---|"
