@@ -98,7 +98,7 @@ test-demo: venv
 # that vLLM: the SDKs, the rescoring of the served steps, the harness CLIs (docs/vllm.md).
 VLLM_VENV := .venv-vllm
 
-test-vllm: venv $(LEARN_STAMP) $(HARNESS_STAMP)
+test-vllm: venv $(HARNESS_STAMP)
 	bash vllm-tests/install.sh
 	$(VLLM_VENV)/bin/python vllm-tests/fetch_model.py
 	$(VPY) -m pytest vllm-tests -q -c vllm-tests/pytest.ini
