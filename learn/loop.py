@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,16 +36,7 @@ import torch
 
 import harness
 import task
-
-SERVED = "smollm2-135m-instruct"
-
-
-def http_json(method: str, url: str, body: Any = None, timeout: float = 120) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        raw = r.read()
-    return json.loads(raw) if raw else None
+from vllmstack import SERVED, http_json  # learn/run.py and the vLLM suite put vllm-tests/ on sys.path
 
 
 @dataclass(frozen=True)
