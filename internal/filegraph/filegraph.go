@@ -1,0 +1,218 @@
+// Package filegraph measures how the files of one Go package depend on each other: file A
+// depends on file B when A uses a name (a function, type, variable, constant, method or
+// field) that B declares. A package whose files can be stacked in floors, each using only
+// the floors below it, reads bottom-up; a reference that runs back up a floor is a knot in
+// that reading. docs/architecture.md shows sidecar's floors; sidecar/floors_test.go keeps
+// them free of references running back up.
+package filegraph
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+)
+
+// Graph is the file dependency graph of one package's non-test files.
+type Graph struct {
+	// Files are the package's non-test Go files for this platform, by base name, sorted.
+	Files []string
+	// Uses maps a file to the files whose declarations it uses (never itself).
+	Uses map[string][]string
+}
+
+// Load type-checks the package in dir (its non-test files, as the go command selects them
+// for this platform) against its dependencies' export data, which `go list -export`
+// builds, and returns its file graph.
+func Load(ctx context.Context, dir string) (Graph, error) {
+	listing, err := goList(ctx, dir)
+	if err != nil {
+		return Graph{}, err
+	}
+	if len(listing.GoFiles) > 62 {
+		// MinBackRefs enumerates subsets of files
+		return Graph{}, fmt.Errorf("filegraph: %s has %d files, more than this measure handles", listing.ImportPath, len(listing.GoFiles))
+	}
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, name := range listing.GoFiles {
+		f, err := parser.ParseFile(fset, filepath.Join(listing.Dir, name), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return Graph{}, fmt.Errorf("filegraph: parse: %w", err)
+		}
+		files = append(files, f)
+	}
+	lookup := func(path string) (io.ReadCloser, error) {
+		export, ok := listing.exports[path]
+		if !ok || export == "" {
+			return nil, fmt.Errorf("filegraph: no export data for %q", path)
+		}
+		return os.Open(export)
+	}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "gc", lookup)}
+	info := &types.Info{Uses: map[*ast.Ident]types.Object{}}
+	pkg, err := conf.Check(listing.ImportPath, fset, files, info)
+	if err != nil {
+		return Graph{}, fmt.Errorf("filegraph: type-check %s: %w", listing.ImportPath, err)
+	}
+	uses := map[string]map[string]bool{}
+	for id, obj := range info.Uses {
+		if obj.Pkg() != pkg || !obj.Pos().IsValid() || !declaredAtPackageLevel(pkg, obj) {
+			continue
+		}
+		from := filepath.Base(fset.Position(id.Pos()).Filename)
+		to := filepath.Base(fset.Position(obj.Pos()).Filename)
+		if from == to {
+			continue
+		}
+		if uses[from] == nil {
+			uses[from] = map[string]bool{}
+		}
+		uses[from][to] = true
+	}
+	g := Graph{Files: append([]string(nil), listing.GoFiles...), Uses: map[string][]string{}}
+	sort.Strings(g.Files)
+	for from, tos := range uses {
+		for to := range tos {
+			g.Uses[from] = append(g.Uses[from], to)
+		}
+		sort.Strings(g.Uses[from])
+	}
+	return g, nil
+}
+
+// declaredAtPackageLevel reports whether obj is one of the package's own declarations a
+// file can lean on: a package-level name, or a method or field of a package-level type.
+func declaredAtPackageLevel(pkg *types.Package, obj types.Object) bool {
+	if obj.Parent() == pkg.Scope() {
+		return true
+	}
+	switch o := obj.(type) {
+	case *types.Func:
+		sig, ok := o.Type().(*types.Signature)
+		return ok && sig.Recv() != nil
+	case *types.Var:
+		return o.IsField()
+	}
+	return false
+}
+
+// Floors is the stacking of the files with the fewest references running back up: Order
+// lists the files from the top floor (uses the most) to the bottom (uses the least), and
+// BackRefs names each reference from a file to one above it. An acyclic graph stacks with
+// none.
+type Floors struct {
+	Order    []string
+	BackRefs [][2]string
+}
+
+// Stack finds the order of the files that leaves the fewest references running back up (a
+// minimum feedback arc set, exact, by dynamic programming over subsets of files: fine for
+// the tens of files one package has).
+func (g Graph) Stack() Floors {
+	n := len(g.Files)
+	index := make(map[string]int, n)
+	for i, f := range g.Files {
+		index[f] = i
+	}
+	refs := make([]uint64, n)
+	for from, tos := range g.Uses {
+		for _, to := range tos {
+			refs[index[from]] |= 1 << uint(index[to])
+		}
+	}
+	full := uint64(1)<<uint(n) - 1
+	cost := make([]int, full+1)
+	last := make([]int, full+1)
+	for s := uint64(1); s <= full; s++ {
+		cost[s] = int(^uint(0) >> 1)
+	}
+	// Files are placed bottom-up; a file placed on top of the set s (all below it) pays for
+	// each file it uses that is not yet placed: those will sit above it.
+	for s := uint64(0); s < full; s++ {
+		for v := 0; v < n; v++ {
+			bit := uint64(1) << uint(v)
+			if s&bit != 0 {
+				continue
+			}
+			c := cost[s] + popcount(refs[v]&^(s|bit))
+			if c < cost[s|bit] {
+				cost[s|bit] = c
+				last[s|bit] = v
+			}
+		}
+	}
+	var fl Floors
+	floor := make(map[string]int, n)
+	for s := full; s != 0; s &^= 1 << uint(last[s]) {
+		floor[g.Files[last[s]]] = n - len(fl.Order)
+		fl.Order = append(fl.Order, g.Files[last[s]])
+	}
+	for _, from := range g.Files {
+		for _, to := range g.Uses[from] {
+			if floor[to] > floor[from] {
+				fl.BackRefs = append(fl.BackRefs, [2]string{from, to})
+			}
+		}
+	}
+	return fl
+}
+
+func popcount(x uint64) int {
+	c := 0
+	for ; x != 0; x &= x - 1 {
+		c++
+	}
+	return c
+}
+
+type listing struct {
+	ImportPath string
+	Dir        string
+	GoFiles    []string
+	exports    map[string]string
+}
+
+// goList asks the go command for the package's files and its dependencies' export data.
+func goList(ctx context.Context, dir string) (listing, error) {
+	cmd := exec.CommandContext(ctx, "go", "list", "-export", "-deps", "-json=ImportPath,Dir,GoFiles,Export", ".")
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return listing{}, fmt.Errorf("filegraph: go list in %s: %w: %s", dir, err, stderr.Bytes())
+	}
+	var l listing
+	l.exports = map[string]string{}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p struct {
+			ImportPath, Dir, Export string
+			GoFiles                 []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return listing{}, fmt.Errorf("filegraph: go list output: %w", err)
+		}
+		l.exports[p.ImportPath] = p.Export
+		// -deps lists the named package last
+		l.ImportPath, l.Dir, l.GoFiles = p.ImportPath, p.Dir, p.GoFiles
+	}
+	if l.ImportPath == "" {
+		return listing{}, fmt.Errorf("filegraph: go list in %s named no package", dir)
+	}
+	return l, nil
+}
