@@ -165,7 +165,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 				}
 			}
 			kept := fillGroup(t, s, "live", 2, 4, rng)
-			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1}); err != nil || c.Compacted {
+			if c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, 0); err != nil || c.Compacted {
 				t.Fatalf("compacted a store with nothing to gain: %+v %v", c, err)
 			}
 			for i := range 20 {
@@ -194,10 +194,10 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 			}()
 			// Against the live size of a recent pass (the file's size), it does not pay.
 			fi, _ := os.Stat(s.Path())
-			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1, LiveFloor: fi.Size()}); err != nil || c.Compacted {
+			if c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, fi.Size()); err != nil || c.Compacted {
 				t.Fatalf("compacted against a live floor of the file's size: %+v %v", c, err)
 			}
-			c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1})
+			c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, 0)
 			wg.Wait()
 			if err != nil || recErr != nil {
 				t.Fatalf("compact: %v; record during it: %v", err, recErr)
