@@ -198,6 +198,14 @@ type Compactor interface {
 	CompactIfWorth(p CompactPolicy, liveFloor int64) (Compaction, error)
 }
 
+// Tombstones says where the sessions that left the store for the archive went, so that
+// a request for one can name its archive partition.
+type Tombstones interface {
+	// ForgottenSession says whether session id was archived and forgotten, and where
+	// it went; ok is false for an id the store never forgot (unknown, or still live).
+	ForgottenSession(id string) (f Forgotten, ok bool, err error)
+}
+
 // ArchiveStore is the store the archiver moves committed steps and dropped groups out
 // of: GroupStore lists the dropped groups.
 type ArchiveStore interface {
@@ -206,6 +214,16 @@ type ArchiveStore interface {
 	StepArchive
 	DroppedArchive
 	Compactor
+}
+
+// Forgotten is where a session went when it left the store: into committed step Step's
+// archive partition, or (Dropped) into its dropped group's, DropSeq numbering the drop.
+// Known is false for a session forgotten before floe kept where.
+type Forgotten struct {
+	Known   bool
+	Step    int64
+	Dropped bool
+	DropSeq uint64
 }
 
 // SessionTimes are when a session was created and finished (zero while running).

@@ -200,19 +200,9 @@ func bury(tx *bolt.Tx, kind byte, id string, fate []byte) error {
 	return tx.Bucket(bForgotten).Put(tombKey(kind, id), fate)
 }
 
-// Forgotten is where a session went when it left the store: into committed step Step's
-// archive partition, or (Dropped) into its dropped group's, DropSeq numbering the drop.
-// Known is false for a session forgotten before floe kept where.
-type Forgotten struct {
-	Known   bool
-	Step    int64
-	Dropped bool
-	DropSeq uint64
-}
-
 // ForgottenSession says whether session id was archived and forgotten, and where it
 // went; ok is false for an id the store never forgot (unknown, or still live).
-func (s *Store) ForgottenSession(id string) (f Forgotten, ok bool, err error) {
+func (s *Store) ForgottenSession(id string) (f trace.Forgotten, ok bool, err error) {
 	err = s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bForgotten)
 		if b == nil {
@@ -232,9 +222,9 @@ func (s *Store) ForgottenSession(id string) (f Forgotten, ok bool, err error) {
 		}
 		switch v[0] {
 		case fateStep:
-			f = Forgotten{Known: true, Step: int64(n)}
+			f = trace.Forgotten{Known: true, Step: int64(n)}
 		case fateDropped:
-			f = Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: n}
+			f = trace.Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: n}
 		default:
 			return fmt.Errorf("%w: session %q: a tombstone of %x", ErrCorrupt, id, v)
 		}

@@ -85,6 +85,7 @@ var (
 	_ trace.StepArchive    = (*Store)(nil)
 	_ trace.DroppedArchive = (*Store)(nil)
 	_ trace.Compactor      = (*Store)(nil)
+	_ trace.Tombstones     = (*Store)(nil)
 )
 
 // CommitMode is how writes reach disk. Every mode fsyncs before the write returns.

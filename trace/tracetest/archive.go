@@ -13,6 +13,19 @@ import (
 type ArchiveStore interface {
 	Store
 	trace.ArchiveStore
+	trace.Tombstones
+}
+
+// wentTo checks where ForgottenSession says each session went (ok false: never
+// forgotten).
+func wentTo(t *testing.T, s ArchiveStore, want map[string]trace.Forgotten) {
+	t.Helper()
+	for id, w := range want {
+		f, ok, err := s.ForgottenSession(id)
+		if err != nil || ok != (w != trace.Forgotten{}) || f != w {
+			t.Errorf("ForgottenSession(%q) = %+v %v %v, want %+v (forgotten: %v)", id, f, ok, err, w, w != trace.Forgotten{})
+		}
+	}
 }
 
 // archiveGroup creates group gid of n sessions "<gid>-s<i>" (keys "key-<session>", task
@@ -159,17 +172,22 @@ func GroupReader(t *testing.T, f Factory[ArchiveStore]) {
 			got = append(got, cp)
 			return nil
 		}))
-		if len(got) != len(want) {
-			t.Fatalf("EachCall gave %d calls, want %d", len(got), len(want))
+		whole, err := s.Session("s")
+		must(t, err)
+		if len(got) != len(want) || len(whole.Calls) != len(want) {
+			t.Fatalf("EachCall gave %d calls and Session %d, want %d", len(got), len(whole.Calls), len(want))
 		}
 		for i := range want {
 			if err := equalCall(got[i], want[i]); err != nil {
 				t.Errorf("call %d: %v", i, err)
 			}
+			if err := equalCall(got[i], whole.Calls[i]); err != nil {
+				t.Errorf("call %d, as Session reads it: %v", i, err)
+			}
 		}
 		stop := errors.New("stop")
 		n := 0
-		err := s.EachCall("s", func(*trace.Call) error { n++; return stop })
+		err = s.EachCall("s", func(*trace.Call) error { n++; return stop })
 		if !errors.Is(err, stop) || n != 1 {
 			t.Errorf("EachCall whose fn fails: %v after %d calls, want fn's error after 1", err, n)
 		}
@@ -181,11 +199,12 @@ func GroupReader(t *testing.T, f Factory[ArchiveStore]) {
 	})
 }
 
-// StepArchive checks trace.StepArchive: only committed steps are archivable; a step is
-// marked files-written before its groups may leave, group by group or all at once; a
-// forgotten step stays committed (no second commit or save, the numbering goes on) and
-// its groups' and sessions' ids stay taken, also across a restart; what is not in the
-// step is untouched.
+// StepArchive checks trace.StepArchive, and trace.Tombstones of its steps: only
+// committed steps are archivable; a step is marked files-written before its groups may
+// leave, group by group or all at once; a forgotten step stays committed (no second
+// commit or save, the numbering goes on), its groups' and sessions' ids stay taken and
+// its sessions say where they went, also across a restart; what is not in the step is
+// untouched.
 func StepArchive(t *testing.T, f Factory[ArchiveStore]) {
 	t.Run("refusals before a commit", func(t *testing.T) {
 		s := f.New(t)
@@ -248,6 +267,7 @@ func StepArchive(t *testing.T, f Factory[ArchiveStore]) {
 		must(t, s.ForgetStepGroup(0, "g1")) // again: a no-op
 		gone(t, s, "g1", "g1-s0", "g1-s1")
 		kept(t, s, "g0-s0", g0["g0-s0"])
+		wentTo(t, s, map[string]trace.Forgotten{"g1-s1": {Known: true, Step: 0}, "g0-s0": {}, "never": {}})
 		if got, err := s.ArchivableSteps(); err != nil || !slices.Equal(got, []int64{0}) {
 			t.Fatalf("ArchivableSteps with a group left = %v %v, want [0]", got, err)
 		}
@@ -267,6 +287,7 @@ func StepArchive(t *testing.T, f Factory[ArchiveStore]) {
 			for sid, calls := range live {
 				kept(t, s, sid, calls)
 			}
+			wentTo(t, s, map[string]trace.Forgotten{"g0-s0": {Known: true, Step: 0}, "g1-s1": {Known: true, Step: 0}, "g2-s0": {}})
 			if got, err := s.ArchivableSteps(); err != nil || len(got) != 0 {
 				t.Errorf("ArchivableSteps after ForgetStep = %v %v, want none", got, err)
 			}
@@ -306,9 +327,10 @@ func StepArchive(t *testing.T, f Factory[ArchiveStore]) {
 	})
 }
 
-// DroppedArchive checks trace.DroppedArchive: a dropped group reads back with its
-// sessions, their times, its reason and its own number, and leaves the store in one
-// write, its ids staying taken (also across a restart); a group not dropped is refused.
+// DroppedArchive checks trace.DroppedArchive, and trace.Tombstones of its groups: a
+// dropped group reads back with its sessions, their times, its reason and its own
+// number, and leaves the store in one write, its ids staying taken and its sessions
+// saying where they went (also across a restart); a group not dropped is refused.
 func DroppedArchive(t *testing.T, f Factory[ArchiveStore]) {
 	s := f.New(t)
 	archiveGroup(t, s, "gd", 2, 2)
@@ -353,6 +375,7 @@ func DroppedArchive(t *testing.T, f Factory[ArchiveStore]) {
 		for sid, calls := range live {
 			kept(t, s, sid, calls)
 		}
+		wentTo(t, s, map[string]trace.Forgotten{"gd-s1": {Known: true, Step: -1, Dropped: true, DropSeq: d.Seq}, "gd2-s0": {}, "gk-s0": {}})
 		if again, err := s.DroppedGroup("gd2"); err != nil || again.Seq != d2.Seq {
 			t.Errorf("DroppedGroup(gd2) = %+v %v, want its number %d", again, err, d2.Seq)
 		}
