@@ -33,6 +33,11 @@ type Retention struct {
 	MaxStoredBytes int64
 }
 
+// DefaultMaxStoredBytes is floe proxy's MaxStoredBytes unless -max-stored-bytes says
+// another (256 MiB): under load with long agent histories its in-memory store otherwise
+// grew by gigabytes a minute.
+const DefaultMaxStoredBytes = 256 << 20
+
 // The defaults of Retention's zero fields.
 const (
 	defaultRetryAfter    = time.Minute
