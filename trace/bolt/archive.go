@@ -45,7 +45,7 @@ func (s *Store) ArchivableSteps() ([]int64, error) {
 
 // CommittedStepHead reads committed step n's record, without its groups' data: the
 // archiver then reads the groups one at a time (GroupSessions, EachCall), so a step
-// of any size is never in memory whole. Errors as CommittedStep's.
+// of any size is never in memory whole (trace.StepArchive).
 func (s *Store) CommittedStepHead(n int64) (trace.StepContents, error) {
 	var out trace.StepContents
 	err := s.view(func(tx *bolt.Tx) error {
