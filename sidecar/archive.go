@@ -15,26 +15,7 @@ import (
 
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
-	"github.com/floe-rl/floe/trace/bolt"
 )
-
-// ArchiveDirName is the archive's directory inside the data dir unless -archive-dir says.
-const ArchiveDirName = trace.ArchiveDirName
-
-// ArchiveStore is what archiving needs of the store (*bolt.Store).
-type ArchiveStore interface {
-	ArchivableSteps() ([]int64, error)
-	CommittedStepHead(n int64) (bolt.StepContents, error)
-	GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error)
-	EachCall(sid string, fn func(*trace.Call) error) error
-	MarkStepFilesWritten(n int64) error
-	ForgetStepGroup(n int64, gid string) error
-	ForgetStep(n int64) error
-	Groups() ([]trace.GroupState, error)
-	DroppedGroup(id string) (bolt.Dropped, error)
-	ForgetDroppedGroup(id string) error
-	CompactIfWorth(p bolt.CompactPolicy) (bolt.Compaction, error)
-}
 
 // Archiver moves committed steps out of the store into the Parquet archive
 // (docs/archive.md): each step's calls, sessions (with their advantages) and record are
@@ -44,7 +25,7 @@ type ArchiveStore interface {
 // What a step trained on (each session's advantage, each call's mark) is replayed from
 // the decisions its record holds, never derived from floe's settings.
 type Archiver struct {
-	Store ArchiveStore
+	Store trace.ArchiveStore
 	Dir   string // the archive's directory (Retention.Dir of the data dir)
 	// Retention holds the retry delays and the compaction thresholds; its Archive and
 	// ArchiveDir were read by whoever built the archiver.
@@ -71,7 +52,7 @@ type Archiver struct {
 }
 
 // NewArchiver returns an archiver of store into dir.
-func NewArchiver(store ArchiveStore, dir string, mem memory.Allocator, log *slog.Logger) *Archiver {
+func NewArchiver(store trace.ArchiveStore, dir string, mem memory.Allocator, log *slog.Logger) *Archiver {
 	return &Archiver{Store: store, Dir: dir, Mem: mem, Log: log, kick: make(chan struct{}, 1),
 		failing: map[string]*archiveFailure{}, now: time.Now}
 }
@@ -161,16 +142,7 @@ func (a *Archiver) outcome(what string, step bool, took time.Duration, err error
 			a.failing[what] = f
 		}
 		f.count++
-		wait, most := a.Retention.RetryAfter, a.Retention.MaxRetryAfter
-		if wait <= 0 {
-			wait = time.Minute
-		}
-		if most <= 0 {
-			most = 30 * time.Minute
-		}
-		for range min(f.count-1, 16) {
-			wait = min(2*wait, most)
-		}
+		wait := a.Retention.RetryWait(f.count)
 		f.next = a.clock().Add(wait)
 		a.status.Failures++
 		// The first line: a panic's stack stays in the log, out of the status.
@@ -261,9 +233,7 @@ func (a *Archiver) ArchiveCommitted(ctx context.Context) ([]int64, error) {
 	if len(done) == 0 && dropped == 0 {
 		return done, errors.Join(errs...)
 	}
-	p := bolt.CompactPolicy{MinFileBytes: a.Retention.CompactMinFileBytes, Factor: a.Retention.CompactFactor}
-	p.LiveFloor = max(p.LiveFloor, a.live.max())
-	c, err := a.Store.CompactIfWorth(p)
+	c, err := a.Store.CompactIfWorth(a.Retention.Compact, a.live.max())
 	if err != nil {
 		return done, errors.Join(append(errs, err)...)
 	}
@@ -451,7 +421,7 @@ type archivedSession struct {
 // groupRows hands group g's calls to r, read from the store one at a time and each
 // marked as session says, then each session with its times and its advantage; it
 // returns the calls.
-func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]bolt.SessionTimes,
+func (a *Archiver) groupRows(r *archive.Rows, g trace.Group, times map[string]trace.SessionTimes,
 	session func(*trace.Session) (archivedSession, error)) (int, error) {
 	calls := 0
 	for si := range g.Sessions {

@@ -22,7 +22,7 @@ type panickyStore struct {
 	bad map[string]bool
 }
 
-func (p panickyStore) GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (p panickyStore) GroupSessions(gid string) (trace.Group, map[string]trace.SessionTimes, error) {
 	if p.bad[gid] {
 		var offsets []int
 		n := -len(gid)
@@ -129,7 +129,7 @@ type failingStore struct {
 	cancel context.CancelFunc
 }
 
-func (f *failingStore) GroupSessions(gid string) (trace.Group, map[string]bolt.SessionTimes, error) {
+func (f *failingStore) GroupSessions(gid string) (trace.Group, map[string]trace.SessionTimes, error) {
 	f.mu.Lock()
 	bad, cancel := f.bad[gid], f.cancel
 	f.mu.Unlock()

@@ -36,7 +36,7 @@ const (
 	boundSessions = 4
 	boundCalls    = 6
 	// storeBound is the bbolt file's bound with archiving over that workload: the
-	// compaction floor (bolt.CompactPolicy's 1 MiB), above twice what the store holds at
+	// compaction floor (trace.CompactPolicy's 1 MiB), above twice what the store holds at
 	// once (one step, here) in a fresh file. Without archiving the file passes it within
 	// the first dozen steps.
 	storeBound = 1 << 20

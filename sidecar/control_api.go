@@ -17,7 +17,6 @@ import (
 	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
-	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
@@ -49,7 +48,7 @@ type ControlAPI struct {
 	// MinGroupSize is -min-group-size: a finish whose group cannot reach it says so.
 	MinGroupSize int
 	// ArchiveDir is where archived steps go; with a Store that remembers forgotten
-	// sessions (bolt.Store), GET of an archived session names its partition there.
+	// sessions (trace.Tombstones), GET of an archived session names its partition there.
 	ArchiveDir string
 }
 
@@ -199,7 +198,7 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 	c.reply(w, out)
 }
 
-// groupStates is a SessionStore that reads a group's bookkeeping (mem and bolt do).
+// groupStates is a trace.SessionStore that reads a group's bookkeeping (mem and bolt do).
 type groupStates interface {
 	SessionGroupState(id string) (trace.GroupState, error)
 	Groups() ([]trace.GroupState, error)
@@ -316,16 +315,11 @@ func token(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// forgettingStore is a SessionStore that remembers where archived sessions went.
-type forgettingStore interface {
-	ForgottenSession(id string) (bolt.Forgotten, bool, error)
-}
-
 // answerArchived answers GET of a session that was archived and left the store with 410
 // Gone, naming the step it went with and its archive partitions; it reports false for an
 // id the store never forgot.
 func (c *ControlAPI) answerArchived(w http.ResponseWriter, id string) bool {
-	fs, ok := c.Node.store.(forgettingStore)
+	fs, ok := c.Node.store.(trace.Tombstones)
 	if !ok {
 		return false
 	}

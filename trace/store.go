@@ -130,6 +130,125 @@ type PolicyVersions interface {
 	PolicyVersion() (int64, error)
 }
 
+// The archive's roles (docs/archive.md). A committed step leaves the store for the
+// archive in three durable moves, each of which a crash may interrupt and a restart
+// finishes: its files are written and the step marked so (MarkStepFilesWritten), its
+// groups are forgotten one write each (ForgetStepGroup), and last the step shrinks to a
+// tombstone that keeps it committed (ForgetStep). A dropped group leaves in one write
+// (ForgetDroppedGroup). A forgotten group's or session's id stays taken: creating a
+// session with it, or in it, is refused (ErrSessionExists for a session id), so that a
+// reused group never trains twice.
+
+// GroupReader reads a group's sessions, and then each session's calls one at a time, so
+// that a group or a session of any size is never in memory whole.
+type GroupReader interface {
+	// GroupSessions returns group id with its sessions in creation order, without their
+	// calls, and their times by session id. ErrUnknownGroup.
+	GroupSessions(id string) (Group, map[string]SessionTimes, error)
+	// EachCall calls fn with each call of session id in recording order, and stops at
+	// fn's first error, which it returns. fn must not keep c. ErrUnknownSession.
+	EachCall(id string, fn func(c *Call) error) error
+}
+
+// StepArchive hands committed steps to the archive and forgets them once archived.
+type StepArchive interface {
+	// ArchivableSteps lists the committed steps not yet forgotten, by number.
+	ArchivableSteps() ([]int64, error)
+	// CommittedStepHead returns committed step n's record, when it was committed and
+	// whether its files were written, without its groups' data (GroupReader reads them).
+	// ErrUnknownStep; an error for a step not committed or forgotten already.
+	CommittedStepHead(n int64) (StepContents, error)
+	// MarkStepFilesWritten records, durable, that committed step n's archive files are
+	// complete: from then on its groups may be forgotten, and the step is not written
+	// again. Marking it again is a no-op. ErrUnknownStep; an error for a step not
+	// committed.
+	MarkStepFilesWritten(n int64) error
+	// ForgetStepGroup removes group id of step n, marked files-written, with its
+	// sessions, their calls and keys, in one durable write; a group forgotten already is
+	// a no-op. ErrUnknownStep; an error for a step not marked or a group not its own.
+	ForgetStepGroup(n int64, id string) error
+	// ForgetStep marks committed step n files-written, forgets the groups it has left
+	// (ForgetStepGroup) and keeps the step as a committed tombstone: it is no longer
+	// archivable, and still takes no second commit or save. Forgetting it again, or
+	// after a crash part way, finishes what is left. ErrUnknownStep; an error for a step
+	// not committed.
+	ForgetStep(n int64) error
+}
+
+// DroppedArchive hands the dropped groups (GroupState.Dropped, in no step) to the
+// archive and forgets them once archived.
+type DroppedArchive interface {
+	// DroppedGroup returns dropped group id with its sessions (without their calls),
+	// their times, the reason it was dropped and its number among the groups dropped.
+	// ErrUnknownGroup; an error for a group not dropped.
+	DroppedGroup(id string) (Dropped, error)
+	// ForgetDroppedGroup removes dropped group id with its sessions, their calls and
+	// keys, in one durable write. A group unknown (forgotten already) is a no-op; a group
+	// not dropped is refused.
+	ForgetDroppedGroup(id string) error
+}
+
+// Compactor gives back the space forgetting freed, when Retention says it pays.
+type Compactor interface {
+	// CompactIfWorth compacts the store when p says it is worth it for the store's file
+	// and the size a compacted one would take, measured with the data in use or
+	// liveFloor when more (the archiver passes the largest of its recent passes, so
+	// that a store whose in-flight data swings is not compacted at every swing only to
+	// grow back). The Compaction says the live bytes also when it does not compact.
+	CompactIfWorth(p CompactPolicy, liveFloor int64) (Compaction, error)
+}
+
+// Tombstones says where the sessions that left the store for the archive went, so that
+// a request for one can name its archive partition.
+type Tombstones interface {
+	// ForgottenSession says whether session id was archived and forgotten, and where
+	// it went; ok is false for an id the store never forgot (unknown, or still live).
+	ForgottenSession(id string) (f Forgotten, ok bool, err error)
+}
+
+// ArchiveStore is the store the archiver moves committed steps and dropped groups out
+// of: GroupStore lists the dropped groups.
+type ArchiveStore interface {
+	GroupStore
+	GroupReader
+	StepArchive
+	DroppedArchive
+	Compactor
+}
+
+// Forgotten is where a session went when it left the store: into committed step Step's
+// archive partition, or (Dropped) into its dropped group's, DropSeq numbering the drop.
+// Known is false for a session forgotten before floe kept where.
+type Forgotten struct {
+	Known   bool
+	Step    int64
+	Dropped bool
+	DropSeq uint64
+}
+
+// SessionTimes are when a session was created and finished (zero while running).
+type SessionTimes struct {
+	Created, Finished time.Time
+}
+
+// StepContents is a committed step's record and how far its archiving got.
+type StepContents struct {
+	Record      StepRecord
+	CommittedAt time.Time
+	// FilesWritten: the step's archive files are complete; what is left is to forget it.
+	FilesWritten bool
+}
+
+// Dropped is a group dropped before any step, with everything the archive keeps of it.
+type Dropped struct {
+	Group  Group // its sessions without their calls (GroupReader.EachCall reads them)
+	Reason string
+	// Seq numbers it among the groups the store dropped, from 1 (0: dropped by a floe
+	// that did not number them); it names the group's archive partition.
+	Seq   uint64
+	Times map[string]SessionTimes // by session id
+}
+
 // GroupState is a group's bookkeeping, without calls.
 type GroupState struct {
 	ID         string `json:"id"`

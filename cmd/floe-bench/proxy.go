@@ -12,6 +12,7 @@ import (
 
 	"github.com/floe-rl/floe/benchmarks/proxybench"
 	"github.com/floe-rl/floe/internal/cli"
+	"github.com/floe-rl/floe/trace"
 )
 
 const proxyUsage = `usage: floe-bench proxy [flags]
@@ -42,7 +43,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	litellm := fs.String("litellm", "", "LiteLLM's litellm command, to measure it beside floe (make bench-proxy-litellm)")
 	llN := fs.Int("litellm-requests", 40, "sequential requests per mode and target for LiteLLM")
 	mem := fs.Duration("memory", 0, "also measure the proxy's RSS under load for this long, before and after the retention limit")
-	maxStored := fs.Int64("max-stored-bytes", 256<<20, "the in-memory store's retention limit (floe proxy's default)")
+	maxStored := fs.Int64("max-stored-bytes", trace.DefaultMaxStoredBytes, "the in-memory store's retention limit (floe proxy's default)")
 	profile := fs.String("cpuprofile", "", "write the proxy's CPU profile of the throughput phases (on one core) to this file")
 	latProcs := fs.Int("latency-procs", 0, "GOMAXPROCS of floe's proxy in the latency phase; 0: Go's default (every core), as floe proxy runs")
 	before := fs.String("before", "", "a floe-bench binary built at an earlier commit: its proxy is measured in the same run beside this one's, sample for sample (-before-name names its rows)")

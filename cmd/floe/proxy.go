@@ -46,7 +46,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var sessions multiFlag
 	fs.Var(&sessions, "session", "KEY=SESSION: accept API key KEY for SESSION (repeatable)")
 	maxBody := fs.Int64("max-body-bytes", proxy.DefaultMaxBodyBytes, "largest request body accepted")
-	maxStored := fs.Int64("max-stored-bytes", DefaultMaxStoredBytes, "bound on the recorded calls kept in memory: past it the oldest are dropped (counted at /metrics; -record keeps them all); 0 keeps every call")
+	maxStored := fs.Int64("max-stored-bytes", trace.DefaultMaxStoredBytes, "bound on the recorded calls kept in memory: past it the oldest are dropped (counted at /metrics; -record keeps them all); 0 keeps every call")
 	if ok, err := cli.Parse(fs, args); !ok {
 		return err
 	}
@@ -122,10 +122,6 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	p.Go(func(ctx context.Context) error { return sidecar.ServeHTTP(ctx, cs, cl) })
 	return p.Wait()
 }
-
-// DefaultMaxStoredBytes bounds floe proxy's calls kept in memory (256 MiB): under load
-// with long agent histories it otherwise grew by gigabytes a minute.
-const DefaultMaxStoredBytes = 256 << 20
 
 // proxyMetrics is floe proxy's /metrics: the in-memory store's retention, through
 // client_golang like floe serve's metrics (read from the store at each scrape, so

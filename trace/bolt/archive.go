@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -21,20 +20,6 @@ import (
 // survive, and the archived sessions' keys no longer resolve, so the proxy refuses them
 // as unknown. A crash part way leaves a step marked files-written with some groups
 // gone: it is not written again (its files are complete), only forgotten to the end.
-
-// SessionTimes are when a session was created and finished (zero while running).
-type SessionTimes struct {
-	Created, Finished time.Time
-}
-
-// StepContents is a committed step's record and how far its archiving got; the archiver
-// reads its groups one at a time (GroupSessions, EachCall).
-type StepContents struct {
-	Record      trace.StepRecord
-	CommittedAt time.Time
-	// FilesWritten: the step's archive files are complete; what is left is to forget it.
-	FilesWritten bool
-}
 
 // ArchivableSteps lists the committed steps whose data is still in the store (not yet
 // forgotten), by number.
@@ -60,9 +45,9 @@ func (s *Store) ArchivableSteps() ([]int64, error) {
 
 // CommittedStepHead reads committed step n's record, without its groups' data: the
 // archiver then reads the groups one at a time (GroupSessions, EachCall), so a step
-// of any size is never in memory whole. Errors as CommittedStep's.
-func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
-	var out StepContents
+// of any size is never in memory whole (trace.StepArchive).
+func (s *Store) CommittedStepHead(n int64) (trace.StepContents, error) {
+	var out trace.StepContents
 	err := s.view(func(tx *bolt.Tx) error {
 		sv, err := readStep(tx, n)
 		if err != nil {
@@ -71,7 +56,7 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 		if !sv.Committed || sv.Archived {
 			return fmt.Errorf("step %d: committed %v, archived %v: nothing to archive", n, sv.Committed, sv.Archived)
 		}
-		out = StepContents{Record: sv.record(n), CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
+		out = trace.StepContents{Record: sv.record(n), CommittedAt: sv.CommitAt, FilesWritten: sv.FilesWritten}
 		return nil
 	})
 	return out, err
@@ -80,9 +65,9 @@ func (s *Store) CommittedStepHead(n int64) (StepContents, error) {
 // GroupSessions reads group gid with its sessions (in creation order) without their
 // calls, and their times: the archiver then reads each session's calls one at a time
 // (EachCall), so a group of any size is never in memory whole.
-func (s *Store) GroupSessions(gid string) (trace.Group, map[string]SessionTimes, error) {
+func (s *Store) GroupSessions(gid string) (trace.Group, map[string]trace.SessionTimes, error) {
 	var g trace.Group
-	times := map[string]SessionTimes{}
+	times := map[string]trace.SessionTimes{}
 	err := s.view(func(tx *bolt.Tx) error {
 		var err error
 		g, err = readGroup(tx, gid, false, times)
@@ -129,7 +114,7 @@ func (s *Store) EachCall(sid string, fn func(c *trace.Call) error) error {
 
 // readGroup reads group gid with its sessions (in creation order), with their calls when
 // calls is set, adding the sessions' times to times when it is not nil.
-func readGroup(tx *bolt.Tx, gid string, calls bool, times map[string]SessionTimes) (trace.Group, error) {
+func readGroup(tx *bolt.Tx, gid string, calls bool, times map[string]trace.SessionTimes) (trace.Group, error) {
 	b, gi, err := groupBucket(tx, gid)
 	if err != nil {
 		return trace.Group{}, err
@@ -145,7 +130,7 @@ func readGroup(tx *bolt.Tx, gid string, calls bool, times map[string]SessionTime
 			if err != nil {
 				return err
 			}
-			times[sess.ID] = SessionTimes{Created: info.Created, Finished: info.Finished}
+			times[sess.ID] = trace.SessionTimes{Created: info.Created, Finished: info.Finished}
 		}
 		g.Sessions = append(g.Sessions, sess)
 		return nil
@@ -156,20 +141,10 @@ func readGroup(tx *bolt.Tx, gid string, calls bool, times map[string]SessionTime
 	return g, nil
 }
 
-// Dropped is a group dropped before any step, with everything the archive keeps of it.
-type Dropped struct {
-	Group  trace.Group // its sessions without their calls (EachCall reads them)
-	Reason string
-	// Seq numbers it among the groups the store dropped (0: dropped by a floe that did
-	// not number them).
-	Seq   uint64
-	Times map[string]SessionTimes // by session id
-}
-
 // DroppedGroup reads dropped group id with its sessions (without their calls) and their
 // times, and the reason it was dropped. An error for a group not dropped.
-func (s *Store) DroppedGroup(id string) (Dropped, error) {
-	d := Dropped{Times: map[string]SessionTimes{}}
+func (s *Store) DroppedGroup(id string) (trace.Dropped, error) {
+	d := trace.Dropped{Times: map[string]trace.SessionTimes{}}
 	err := s.view(func(tx *bolt.Tx) error {
 		_, gi, err := groupBucket(tx, id)
 		if err != nil {
@@ -225,19 +200,9 @@ func bury(tx *bolt.Tx, kind byte, id string, fate []byte) error {
 	return tx.Bucket(bForgotten).Put(tombKey(kind, id), fate)
 }
 
-// Forgotten is where a session went when it left the store: into committed step Step's
-// archive partition, or (Dropped) into its dropped group's, DropSeq numbering the drop.
-// Known is false for a session forgotten before floe kept where.
-type Forgotten struct {
-	Known   bool
-	Step    int64
-	Dropped bool
-	DropSeq uint64
-}
-
 // ForgottenSession says whether session id was archived and forgotten, and where it
 // went; ok is false for an id the store never forgot (unknown, or still live).
-func (s *Store) ForgottenSession(id string) (f Forgotten, ok bool, err error) {
+func (s *Store) ForgottenSession(id string) (f trace.Forgotten, ok bool, err error) {
 	err = s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bForgotten)
 		if b == nil {
@@ -257,9 +222,9 @@ func (s *Store) ForgottenSession(id string) (f Forgotten, ok bool, err error) {
 		}
 		switch v[0] {
 		case fateStep:
-			f = Forgotten{Known: true, Step: int64(n)}
+			f = trace.Forgotten{Known: true, Step: int64(n)}
 		case fateDropped:
-			f = Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: n}
+			f = trace.Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: n}
 		default:
 			return fmt.Errorf("%w: session %q: a tombstone of %x", ErrCorrupt, id, v)
 		}

@@ -165,7 +165,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 				}
 			}
 			kept := fillGroup(t, s, "live", 2, 4, rng)
-			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1}); err != nil || c.Compacted {
+			if c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, 0); err != nil || c.Compacted {
 				t.Fatalf("compacted a store with nothing to gain: %+v %v", c, err)
 			}
 			for i := range 20 {
@@ -194,10 +194,10 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 			}()
 			// Against the live size of a recent pass (the file's size), it does not pay.
 			fi, _ := os.Stat(s.Path())
-			if c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1, LiveFloor: fi.Size()}); err != nil || c.Compacted {
+			if c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, fi.Size()); err != nil || c.Compacted {
 				t.Fatalf("compacted against a live floor of the file's size: %+v %v", c, err)
 			}
-			c, err := s.CompactIfWorth(CompactPolicy{MinFileBytes: 1})
+			c, err := s.CompactIfWorth(trace.CompactPolicy{MinFileBytes: 1}, 0)
 			wg.Wait()
 			if err != nil || recErr != nil {
 				t.Fatalf("compact: %v; record during it: %v", err, recErr)
@@ -412,47 +412,6 @@ func TestForgetStepGroupByGroup(t *testing.T) {
 	}
 }
 
-// TestEachCallStreamsASession: EachCall hands a session's calls one at a time, the same
-// as Session reads them whole; GroupSessions lists the group's sessions without
-// calls; an error from fn stops it.
-func TestEachCallStreamsASession(t *testing.T) {
-	s := open(t, t.TempDir(), Options{})
-	defer s.Close()
-	rng := rand.New(rand.NewPCG(11, 12))
-	recorded := fillGroup(t, s, "g", 2, 5, rng)
-	g, times, err := s.GroupSessions("g")
-	if err != nil || len(g.Sessions) != 2 || g.TaskID != "task-g" || len(times) != 2 {
-		t.Fatalf("group %+v %v %v", g, times, err)
-	}
-	for _, sess := range g.Sessions {
-		if len(sess.Calls) != 0 || sess.Status != trace.StatusCompleted || times[sess.ID].Finished.IsZero() {
-			t.Fatalf("session %+v, times %+v", sess, times[sess.ID])
-		}
-		whole, err := s.Session(sess.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := 0
-		if err := s.EachCall(sess.ID, func(c *trace.Call) error {
-			if err := equalCall(c, &whole.Calls[k]); err != nil {
-				return err
-			}
-			if err := equalCall(c, &recorded[sess.ID][k]); err != nil {
-				return err
-			}
-			k++
-			return nil
-		}); err != nil || k != len(whole.Calls) {
-			t.Fatalf("session %s: %d calls streamed, want %d (%v)", sess.ID, k, len(whole.Calls), err)
-		}
-	}
-	stop := errors.New("stop")
-	n := 0
-	if err := s.EachCall("g-s0", func(*trace.Call) error { n++; return stop }); !errors.Is(err, stop) || n != 1 {
-		t.Fatalf("after fn's error: %d calls, %v", n, err)
-	}
-}
-
 // TestForgottenSessionSaysWhereItWent: an archived session's tombstone keeps the step it
 // trained in, or its dropped group's number, across a restart, so that floe can say
 // where its rows are; a live or unknown id was never forgotten; a tombstone from before
@@ -490,15 +449,15 @@ func TestForgottenSessionSaysWhereItWent(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]struct {
-		f  Forgotten
+		f  trace.Forgotten
 		ok bool
 	}{
-		"g0-s1":              {Forgotten{Known: true, Step: 0}, true},
-		"g1-s0":              {Forgotten{Known: true, Step: 1}, true},
-		"gd-s1":              {Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: d.Seq}, true},
-		"glive-s0":           {Forgotten{}, false},
-		"never":              {Forgotten{}, false},
-		"from-an-older-floe": {Forgotten{}, true},
+		"g0-s1":              {trace.Forgotten{Known: true, Step: 0}, true},
+		"g1-s0":              {trace.Forgotten{Known: true, Step: 1}, true},
+		"gd-s1":              {trace.Forgotten{Known: true, Step: -1, Dropped: true, DropSeq: d.Seq}, true},
+		"glive-s0":           {trace.Forgotten{}, false},
+		"never":              {trace.Forgotten{}, false},
+		"from-an-older-floe": {trace.Forgotten{}, true},
 	}
 	for round := range 2 {
 		if round == 1 {

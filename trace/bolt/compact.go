@@ -9,6 +9,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/floe-rl/floe/trace"
 )
 
 // A bbolt file never shrinks: pages freed by ForgetStep are reused by later writes, so
@@ -22,39 +24,6 @@ const compactSuffix = ".compact"
 
 // compactTxBytes bounds one transaction of the copy.
 const compactTxBytes = 64 << 20
-
-// CompactPolicy says when CompactIfWorth compacts.
-type CompactPolicy struct {
-	// MinFileBytes: a smaller file is never compacted (default 1 MiB).
-	MinFileBytes int64
-	// Factor: compact when the file is at least Factor times the size a compacted file
-	// would have (default 2).
-	Factor float64
-	// LiveFloor, when above the live bytes now, is what the file is measured against
-	// instead: the archiver passes the largest live size of its recent passes, so that a
-	// store whose in-flight data swings (a burst of steps READY, then trained) is not
-	// compacted at every swing only to grow back.
-	LiveFloor int64
-}
-
-func (p CompactPolicy) withDefaults() CompactPolicy {
-	if p.MinFileBytes <= 0 {
-		p.MinFileBytes = 1 << 20
-	}
-	if p.Factor <= 1 {
-		p.Factor = 2
-	}
-	return p
-}
-
-// Compaction is what one compaction (or the decision not to) found.
-type Compaction struct {
-	Compacted bool
-	// BeforeBytes is the file's size before, LiveBytes the pages in use, AfterBytes the
-	// file's size after (BeforeBytes when not compacted).
-	BeforeBytes, LiveBytes, AfterBytes int64
-	Took                               time.Duration
-}
 
 // compactedBytes is about the size bbolt gives a file holding live bytes: below its 16 MiB
 // allocation step the file is its memory map, a power of two from 32 KiB; above, the
@@ -82,21 +51,20 @@ func (s *Store) live() (int64, error) {
 	return hwm - int64(s.db.Stats().FreeAlloc), nil
 }
 
-// CompactIfWorth compacts the store when its file is at least p.MinFileBytes and
-// p.Factor times the size the live pages (or p.LiveFloor, when more) would take in a
-// fresh file. The Compaction says the live bytes also when it does not compact.
-func (s *Store) CompactIfWorth(p CompactPolicy) (Compaction, error) {
-	p = p.withDefaults()
+// CompactIfWorth compacts the store when p says a file of its size is worth compacting
+// into one holding its live pages (or liveFloor bytes, when more); the Compaction says
+// the live bytes also when it does not compact (trace.Compactor).
+func (s *Store) CompactIfWorth(p trace.CompactPolicy, liveFloor int64) (trace.Compaction, error) {
 	fi, err := os.Stat(s.path)
 	if err != nil {
-		return Compaction{}, fmt.Errorf("compact: %w", err)
+		return trace.Compaction{}, fmt.Errorf("compact: %w", err)
 	}
 	live, err := s.live()
 	if err != nil {
-		return Compaction{}, fmt.Errorf("compact: %w", err)
+		return trace.Compaction{}, fmt.Errorf("compact: %w", err)
 	}
-	c := Compaction{BeforeBytes: fi.Size(), LiveBytes: live, AfterBytes: fi.Size()}
-	if fi.Size() < p.MinFileBytes || float64(fi.Size()) < p.Factor*float64(compactedBytes(max(live, p.LiveFloor))) {
+	c := trace.Compaction{BeforeBytes: fi.Size(), LiveBytes: live, AfterBytes: fi.Size()}
+	if !p.Worth(fi.Size(), compactedBytes(max(live, liveFloor))) {
 		return c, nil
 	}
 	return s.Compact()
@@ -107,8 +75,8 @@ func (s *Store) CompactIfWorth(p CompactPolicy) (Compaction, error) {
 // fsynced; the store then reopens it. Writes wait meanwhile (they queue in order), reads
 // go on against the old file until the swap. A crash leaves the old file or the new one,
 // each complete.
-func (s *Store) Compact() (Compaction, error) {
-	var c Compaction
+func (s *Store) Compact() (trace.Compaction, error) {
+	var c trace.Compaction
 	err := s.exclusive(func() error {
 		began := time.Now()
 		fi, err := os.Stat(s.path)

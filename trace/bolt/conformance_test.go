@@ -41,6 +41,14 @@ func TestConformance(t *testing.T) {
 	t.Run("Sessions", func(t *testing.T) { tracetest.Sessions(t, stores) })
 	t.Run("Groups", func(t *testing.T) { tracetest.Groups(t, stores) })
 	t.Run("Steps", func(t *testing.T) { tracetest.Steps(t, stores) })
+	archives := tracetest.Factory[tracetest.ArchiveStore]{
+		New:    func(t *testing.T) tracetest.ArchiveStore { return newStore(t) },
+		Reopen: func(t *testing.T, s tracetest.ArchiveStore) tracetest.ArchiveStore { return restart(t, s.(*Store)) },
+	}
+	t.Run("GroupReader", func(t *testing.T) { tracetest.GroupReader(t, archives) })
+	t.Run("StepArchive", func(t *testing.T) { tracetest.StepArchive(t, archives) })
+	t.Run("DroppedArchive", func(t *testing.T) { tracetest.DroppedArchive(t, archives) })
+	t.Run("Compactor", func(t *testing.T) { tracetest.Compactor(t, archives) })
 	t.Run("PolicyVersions", func(t *testing.T) {
 		tracetest.PolicyVersions(t, tracetest.Factory[trace.PolicyVersions]{
 			New:    func(t *testing.T) trace.PolicyVersions { return newStore(t) },

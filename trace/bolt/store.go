@@ -81,6 +81,11 @@ var (
 	_ trace.GroupStore     = (*Store)(nil)
 	_ trace.StepStore      = (*Store)(nil)
 	_ trace.PolicyVersions = (*Store)(nil)
+	_ trace.GroupReader    = (*Store)(nil)
+	_ trace.StepArchive    = (*Store)(nil)
+	_ trace.DroppedArchive = (*Store)(nil)
+	_ trace.Compactor      = (*Store)(nil)
+	_ trace.Tombstones     = (*Store)(nil)
 )
 
 // CommitMode is how writes reach disk. Every mode fsyncs before the write returns.

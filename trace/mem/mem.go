@@ -1,8 +1,10 @@
 // Package mem is floe's trace store in memory: for tests and for runs that need no
-// durability (floe proxy). It plays every role of trace's store contract with the
-// semantics of the durable store, trace/bolt, minus the durability: groups are formed
-// from sessions' GroupID, a group's first size is kept, steps are saved and committed
-// exactly once, and every error case wraps trace's sentinel.
+// durability (floe proxy). It plays every role of trace's store contract but the
+// archive's with the semantics of the durable store, trace/bolt, minus the durability:
+// groups are formed from sessions' GroupID, a group's first size is kept, steps are
+// saved and committed exactly once, and every error case wraps trace's sentinel. Nothing
+// it holds is archived: its retention is the bound on the calls it keeps
+// (Retention.MaxStoredBytes).
 package mem
 
 import (
