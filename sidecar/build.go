@@ -109,12 +109,12 @@ func (o options) validate(cfg Config) error {
 		if _, err := ParseUpstreams(cfg.Upstream); err != nil {
 			return err
 		}
-		if err := CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
+		if err := checkLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
 			return err
 		}
 	}
 	if !o.noFlight {
-		return CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
+		return checkLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
 	}
 	return nil
 }
@@ -142,19 +142,24 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) (_ *
 		}
 	}()
 	if o.fromSteps {
-		return f, f.buildFromSteps(cfg, o.steps)
+		err = f.buildFromSteps(cfg, o.steps)
+	} else {
+		err = f.build(ctx, cfg, o)
 	}
-	return f, f.build(ctx, cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // build assembles floe serve or, InMemory, floe proxy.
 func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 	log := f.log
-	engine, err := NewUpstream(cfg, log, nil)
+	engine, err := newUpstream(cfg, log, nil)
 	if err != nil {
 		return err
 	}
-	if err := CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
+	if err := checkServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
 		return err
 	}
 	var (
@@ -236,7 +241,7 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 
 	// The Node owns the lifecycle and the policy version: it starts the gate at the
 	// version the trainer last resumed rollouts with, and records every resume.
-	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: PauseExpired(log)}
+	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: pauseExpired(log)}
 	node, err := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: sessions})
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
@@ -275,7 +280,7 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 		control.DefaultGroupSize, control.MinGroupSize = cfg.GroupSize, cfg.MinGroupSize
 		control.MaxAbsReward, control.ArchiveDir = cfg.MaxAbsReward, cfg.archiveDir()
 	}
-	hs, conns := ProxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
+	hs, conns := proxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
 	guardMetrics(metrics.Registry(), gate, conns)
 	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
 
@@ -284,8 +289,8 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 	}
 	f.run = append(f.run,
 		engine.Run, // the replicas' health checks
-		func(ctx context.Context) error { return ServeHTTP(ctx, hs, conns.Listener(pl)) },
-		func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })
+		func(ctx context.Context) error { return serveHTTP(ctx, hs, conns.Listener(pl)) },
+		func(ctx context.Context) error { return serveHTTP(ctx, cs, cl) })
 	if durable != nil {
 		f.run = append(f.run, func(ctx context.Context) error { return node.Run(ctx, pending) }) // the former and the archiver
 	}
@@ -294,7 +299,7 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 			log.Info("proxy serving", "addr", pl.Addr().String(), "control", cl.Addr().String(), "control_token", cfg.ControlToken != "",
 				"upstreams", engine.Status())
 			// As floe serve does: without a token the control API is open to every local process.
-			WarnOpenControl(cfg, log)
+			warnOpenControl(cfg, log)
 		}
 		return nil
 	}
@@ -335,7 +340,7 @@ func (f *Floe) buildFromSteps(cfg Config, steps []*batcher.Step) error {
 	alloc := memory.NewGoAllocator()
 	fs := &arrowflight.Server[Status]{Source: node.Flight(), Control: node.Flight(), Token: cfg.FlightToken, Mem: alloc, Log: log}
 	f.run = append(f.run,
-		func(ctx context.Context) error { return FeedSteps(ctx, rb, steps, alloc, log) },
+		func(ctx context.Context) error { return feedSteps(ctx, rb, steps, alloc, log) },
 		func(ctx context.Context) error { return fs.Serve(ctx, fl) })
 	groups := 0
 	for _, st := range steps {

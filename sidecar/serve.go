@@ -155,19 +155,19 @@ func (cfg Config) Validate() error {
 	if cfg.OpenSessions {
 		return errors.New("-open-sessions is floe proxy's only: floe serve trains on groups, and a session opened by its first call belongs to none; create sessions with POST /floe/v1/sessions on the control address")
 	}
-	if err := CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
+	if err := checkLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
 		return err
 	}
-	return CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
+	return checkLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
 }
 
 // DefaultUpstreamSessionHeader is the header upstream calls carry their session id in
 // by default: the one vLLM's routers read for session affinity (docs/proxy.md).
 const DefaultUpstreamSessionHeader = "X-Session-ID"
 
-// NewUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
+// newUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
 // -model): a proxy.Pool, whose Run the caller runs for the health checks.
-func NewUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
+func newUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
 	urls, err := ParseUpstreams(cfg.Upstream)
 	if err != nil {
 		return nil, err
@@ -235,10 +235,10 @@ func (cfg *Config) LoadTokens(getenv func(string) string) error {
 	return load(&cfg.FlightToken, cfg.FlightTokenFile, "-flight-token-file", FlightTokenEnv)
 }
 
-// CheckLoopback refuses a listener address beyond loopback (any other interface, or all
+// checkLoopback refuses a listener address beyond loopback (any other interface, or all
 // of them) when it has no token: the control API and Flight change rewards, steps and
 // the gate. A Unix socket (unix:/path) is local.
-func CheckLoopback(flagName, addr, token, how string) error {
+func checkLoopback(flagName, addr, token, how string) error {
 	if token != "" || addr == "" || strings.HasPrefix(addr, "unix:") {
 		return nil
 	}
@@ -284,9 +284,9 @@ type Addrs struct {
 	Flight  string `json:"flight,omitempty"`
 }
 
-// ServeHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
+// serveHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
 // flight a bounded time to finish (and be recorded).
-func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
+func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lis) }()
 	select {
