@@ -186,7 +186,11 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 			if err != nil {
 				return fmt.Errorf("record file: %w", err)
 			}
-			f.closers = append(f.closers, func() { file.Close() })
+			f.closers = append(f.closers, func() {
+				if err := file.Close(); err != nil {
+					log.Error("closing the record file", "path", o.record, "err", err)
+				}
+			})
 			recorder = teeRecorder{inMemory, file}
 		}
 	} else {
@@ -194,7 +198,11 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 		if err != nil {
 			return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 		}
-		f.closers = append(f.closers, func() { durable.Close() })
+		f.closers = append(f.closers, func() {
+			if err := durable.Close(); err != nil {
+				log.Error("closing the store", "data_dir", cfg.DataDir, "err", err)
+			}
+		})
 		sessions, recorder = durable, durable
 		// An older floe's steps get their decisions once, before any is formed again or
 		// archived; from then on every step replays its record.
@@ -352,14 +360,14 @@ func (f *Floe) buildFromSteps(cfg Config, steps []*batcher.Step) error {
 	return nil
 }
 
-// listen binds addr with bind; the listener is closed by Close until Run hands it to its
-// server.
+// listen binds addr with bind. Close closes the listener too: a server that took it
+// has closed it already, and a second close only fails.
 func (f *Floe) listen(name, addr string, bind func(string) (net.Listener, error)) (net.Listener, error) {
 	lis, err := bind(addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s listen: %w", name, err)
 	}
-	f.closers = append(f.closers, func() { lis.Close() })
+	f.closers = append(f.closers, func() { _ = lis.Close() })
 	return lis, nil
 }
 
@@ -370,7 +378,7 @@ func (f *Floe) Addrs() Addrs { return f.addrs }
 func (f *Floe) Node() *Node { return f.node }
 
 // Run serves until ctx ends or a part fails, then stops every part and releases what New
-// acquired. A listener stops taking connections and gives calls in flight a bounded time
+// acquired; it is called once. A listener stops taking connections and gives calls in flight a bounded time
 // to finish (and be recorded) before the store closes.
 func (f *Floe) Run(ctx context.Context) error {
 	defer f.Close()

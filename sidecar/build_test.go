@@ -73,12 +73,12 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 		// which listeners and which store the option set has
 		proxy, control, flight, durable bool
 		// check looks at the running Floe's own parts.
-		check func(t *testing.T, f *Floe)
+		check func(t *testing.T, f *Floe, cfg Config)
 	}{
 		{
 			name: "serve", proxy: true, control: true, flight: true, durable: true,
 			opts: func(*testing.T, Config) []Option { return nil },
-			check: func(t *testing.T, f *Floe) {
+			check: func(t *testing.T, f *Floe, cfg Config) {
 				n := f.Node()
 				if _, ok := n.store.(*bolt.Store); !ok || n.ready == nil || n.former == nil || n.archiver == nil || n.steps == nil {
 					t.Errorf("floe serve's Node: store %T, ready %v, former %v, archiver %v, steps %v; want every part",
@@ -91,10 +91,10 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 		},
 		{
 			name: "proxy", proxy: true, control: true,
-			opts: func(*testing.T, Config) []Option {
-				return []Option{InMemory(map[string]string{"k": "s"}), WithoutFlight()}
+			opts: func(_ *testing.T, cfg Config) []Option {
+				return []Option{InMemory(map[string]string{"k": "s"}), WithoutFlight(), RecordFile(recordPath(cfg))}
 			},
-			check: func(t *testing.T, f *Floe) {
+			check: func(t *testing.T, f *Floe, cfg Config) {
 				n := f.Node()
 				if _, ok := n.store.(*mem.Store); !ok || n.ready != nil || n.former != nil || n.archiver != nil || n.steps != nil {
 					t.Errorf("floe proxy's Node: store %T, ready %v, former %v, archiver %v, steps %v; want a memory store alone",
@@ -113,6 +113,10 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("a call with InMemory's key: %d %s", resp.StatusCode, body)
 				}
+				// RecordFile: the call is in the file once its answer has ended.
+				if b, err := os.ReadFile(recordPath(cfg)); err != nil || strings.Count(string(b), "\n") != 1 {
+					t.Errorf("the record file after one call: %q, %v; want one JSON line", b, err)
+				}
 				// One registry, client_golang's: the store's retention and the proxy's
 				// counters, and none of the step former's.
 				m := scrape(t, f)
@@ -129,7 +133,7 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 		{
 			name: "corpus-serve", flight: true,
 			opts: func(t *testing.T, cfg Config) []Option { return []Option{FromSteps(corpusSteps(t, cfg.Batcher))} },
-			check: func(t *testing.T, f *Floe) {
+			check: func(t *testing.T, f *Floe, cfg Config) {
 				n := f.Node()
 				if n.store != nil || n.ready == nil || n.former != nil || n.archiver != nil {
 					t.Errorf("floe corpus-serve's Node: store %T, ready %v, former %v, archiver %v; want a READY buffer alone",
@@ -171,7 +175,7 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- f.Run(ctx) }() // owned here: ends with cancel below
-			tc.check(t, f)
+			tc.check(t, f, cfg)
 			cancel()
 			if err := <-done; err != nil {
 				t.Errorf("Run: %v", err)
@@ -184,6 +188,10 @@ func TestNewBuildsWhatItsOptionsSay(t *testing.T) {
 		})
 	}
 }
+
+// recordPath is where the proxy case's RecordFile writes: beside the data dir, which
+// must stay empty.
+func recordPath(cfg Config) string { return cfg.DataDir + ".calls.jsonl" }
 
 // scrape reads the control listener's /metrics.
 func scrape(t *testing.T, f *Floe) string {
