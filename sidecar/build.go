@@ -162,56 +162,9 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 	if err := checkServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
 		return err
 	}
-	var (
-		// sessions is the store the Node creates and finishes sessions in and the proxy
-		// resolves keys with: bolt or mem, which both are.
-		sessions interface {
-			trace.SessionStore
-			trace.SessionKeys
-		}
-		recorder trace.CallRecorder
-		durable  *bolt.Store
-		inMemory *mem.Store
-		pending  []trace.StepRecord
-		last     int64
-	)
-	if o.memory {
-		inMemory = &mem.Store{Retention: trace.Retention{MaxStoredBytes: cfg.Retention.MaxStoredBytes}}
-		for k, s := range o.keys {
-			inMemory.AddSession(k, s)
-		}
-		sessions, recorder = inMemory, inMemory
-		if o.record != "" {
-			file, err := jsonl.NewRecorder(o.record)
-			if err != nil {
-				return fmt.Errorf("record file: %w", err)
-			}
-			f.closers = append(f.closers, func() {
-				if err := file.Close(); err != nil {
-					log.Error("closing the record file", "path", o.record, "err", err)
-				}
-			})
-			recorder = teeRecorder{inMemory, file}
-		}
-	} else {
-		durable, err = bolt.New(cfg.DataDir, bolt.Options{})
-		if err != nil {
-			return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
-		}
-		f.closers = append(f.closers, func() {
-			if err := durable.Close(); err != nil {
-				log.Error("closing the store", "data_dir", cfg.DataDir, "err", err)
-			}
-		})
-		sessions, recorder = durable, durable
-		// An older floe's steps get their decisions once, before any is formed again or
-		// archived; from then on every step replays its record.
-		if err := decideOlderSteps(durable, cfg, log); err != nil {
-			return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
-		}
-		if pending, last, err = durable.Steps(); err != nil {
-			return fmt.Errorf("reading steps: %w", err)
-		}
+	st, err := f.openStore(cfg, o)
+	if err != nil {
+		return err
 	}
 
 	var (
@@ -220,10 +173,10 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 		ctl   *gpu.BudgetController
 		steps *stepTracker
 	)
-	if durable != nil {
-		first := last + 1
-		if len(pending) > 0 {
-			first = min(first, pending[0].N)
+	if st.durable != nil {
+		first := st.last + 1
+		if len(st.pending) > 0 {
+			first = min(first, st.pending[0].N)
 		}
 		rb = NewReady(cfg.StepsAhead, first)
 		f.closers = append(f.closers, rb.Shutdown)
@@ -240,9 +193,9 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 				"budget", ctl.Budget())
 		}
 	}
-	metrics := newMetrics(State{Store: durable, Memory: inMemory, Ready: rb, Monitor: mon}, durable != nil)
+	metrics := newMetrics(State{Store: st.durable, Memory: st.memory, Ready: rb, Monitor: mon}, st.durable != nil)
 	engine.Metrics = metrics // before its Run: per-replica calls, failovers and health
-	if durable != nil {
+	if st.durable != nil {
 		steps = newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
 		steps.observer = cfg.Observer
 	}
@@ -250,16 +203,16 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 	// The Node owns the lifecycle and the policy version: it starts the gate at the
 	// version the trainer last resumed rollouts with, and records every resume.
 	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: pauseExpired(log)}
-	node, err := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: sessions})
+	node, err := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: st.sessions})
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
 	f.node = node
 	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
-		Sessions: sessions, Recorder: recorder, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
+		Sessions: st.sessions, Recorder: st.recorder, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
 		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader,
 		MaxBodyBytes: cfg.MaxBodyBytes}
-	if durable != nil {
+	if st.durable != nil {
 		px.DiskFree = func() (uint64, error) { return diskFree(cfg.DataDir) }
 	}
 	pl, err := f.listen("proxy", cfg.ProxyAddr, func(a string) (net.Listener, error) { return net.Listen("tcp", a) })
@@ -274,12 +227,12 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 	alloc := memory.NewGoAllocator()
 	control := &ControlAPI{Node: node, BaseURL: f.addrs.Proxy, Metrics: metrics.Handler(), Token: cfg.ControlToken}
 	node.metrics, node.upstreams = metrics, engine
-	if durable != nil {
+	if st.durable != nil {
 		node.steps = steps
-		node.former = &stepFormer{cfg: cfg, store: durable, ready: rb, mem: alloc, log: log, wake: make(chan struct{}, 1), now: time.Now,
+		node.former = &stepFormer{cfg: cfg, store: st.durable, ready: rb, mem: alloc, log: log, wake: make(chan struct{}, 1), now: time.Now,
 			steps: steps, version: node.version, metrics: metrics, exams: map[string]*examined{}}
 		if cfg.Retention.Archive {
-			node.archiver = NewArchiver(durable, cfg.archiveDir(), alloc, log)
+			node.archiver = NewArchiver(st.durable, cfg.archiveDir(), alloc, log)
 			node.archiver.Retention = cfg.Retention
 			node.archiver.Metrics = metrics
 		}
@@ -299,8 +252,8 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 		engine.Run, // the replicas' health checks
 		func(ctx context.Context) error { return serveHTTP(ctx, hs, conns.Listener(pl)) },
 		func(ctx context.Context) error { return serveHTTP(ctx, cs, cl) })
-	if durable != nil {
-		f.run = append(f.run, func(ctx context.Context) error { return node.Run(ctx, pending) }) // the former and the archiver
+	if st.durable != nil {
+		f.run = append(f.run, func(ctx context.Context) error { return node.Run(ctx, st.pending) }) // the former and the archiver
 	}
 	if o.noFlight {
 		f.serving = func() {
@@ -322,10 +275,74 @@ func (f *Floe) build(ctx context.Context, cfg Config, o options) error {
 		log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", f.addrs.Flight,
 			"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
 			"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-			"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", last, "archive", cfg.Retention.Archive)
+			"gpus", mon.DeviceCount(), "recovered_steps", len(st.pending), "last_committed", st.last, "archive", cfg.Retention.Archive)
 		warnOpenListeners(cfg, log)
 	}
 	return nil
+}
+
+// stores is what openStore opened: the durable store (floe serve) or the in-memory one
+// (floe proxy), as the Node and the proxy see it.
+type stores struct {
+	// sessions is the store the Node creates and finishes sessions in and the proxy
+	// resolves keys with: bolt or mem, which both are.
+	sessions interface {
+		trace.SessionStore
+		trace.SessionKeys
+	}
+	recorder trace.CallRecorder
+	durable  *bolt.Store // nil: in memory
+	memory   *mem.Store  // nil: durable
+	// pending are the steps saved and not committed before a restart; last is the last
+	// step committed.
+	pending []trace.StepRecord
+	last    int64
+}
+
+// openStore opens the store o asks for: in memory with its keys (and the record file),
+// or the bbolt store under the data dir, brought to this floe's step records.
+func (f *Floe) openStore(cfg Config, o options) (stores, error) {
+	log := f.log
+	var st stores
+	if o.memory {
+		st.memory = &mem.Store{Retention: trace.Retention{MaxStoredBytes: cfg.Retention.MaxStoredBytes}}
+		for k, s := range o.keys {
+			st.memory.AddSession(k, s)
+		}
+		st.sessions, st.recorder = st.memory, st.memory
+		if o.record != "" {
+			file, err := jsonl.NewRecorder(o.record)
+			if err != nil {
+				return st, fmt.Errorf("record file: %w", err)
+			}
+			f.closers = append(f.closers, func() {
+				if err := file.Close(); err != nil {
+					log.Error("closing the record file", "path", o.record, "err", err)
+				}
+			})
+			st.recorder = teeRecorder{st.memory, file}
+		}
+		return st, nil
+	}
+	durable, err := bolt.New(cfg.DataDir, bolt.Options{})
+	if err != nil {
+		return st, fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
+	f.closers = append(f.closers, func() {
+		if err := durable.Close(); err != nil {
+			log.Error("closing the store", "data_dir", cfg.DataDir, "err", err)
+		}
+	})
+	st.durable, st.sessions, st.recorder = durable, durable, durable
+	// An older floe's steps get their decisions once, before any is formed again or
+	// archived; from then on every step replays its record.
+	if err := decideOlderSteps(durable, cfg, log); err != nil {
+		return st, fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
+	if st.pending, st.last, err = durable.Steps(); err != nil {
+		return st, fmt.Errorf("reading steps: %w", err)
+	}
+	return st, nil
 }
 
 // buildFromSteps assembles floe corpus-serve: a READY buffer fed from steps, a Node with
