@@ -10,9 +10,9 @@ import (
 	"github.com/floe-rl/floe/batcher"
 )
 
-// FeedSteps puts formed steps into ready in order, waiting while ready is full, and then
+// feedSteps puts formed steps into ready in order, waiting while ready is full, and then
 // closes ready. mem encodes each rank's first micro-batch ahead (see FlightStep).
-func FeedSteps(ctx context.Context, ready *Ready, steps []*batcher.Step, mem memory.Allocator, log *slog.Logger) error {
+func feedSteps(ctx context.Context, ready *Ready, steps []*batcher.Step, mem memory.Allocator, log *slog.Logger) error {
 	defer ready.Close()
 	for _, st := range steps {
 		fs, err := FlightStep(st, mem)

@@ -13,6 +13,7 @@ import (
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/sidecar/plan"
 	"github.com/floe-rl/floe/trace"
+	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // FormerStore is what forming steps needs of the trace store.
@@ -81,6 +82,17 @@ func planState(store trace.GroupStore, exams map[string]*examined) ([]plan.Group
 		}
 	}
 	return out, nil
+}
+
+// PlanDataDir is PlanSteps over the store in cfg's data dir, opened read-only, so that
+// a benchmark can ask while no floe serves it.
+func PlanDataDir(cfg Config) ([]plan.Form, error) {
+	st, err := bolt.New(cfg.DataDir, bolt.Options{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
+	}
+	defer st.Close()
+	return PlanSteps(st, cfg)
 }
 
 // PlanSteps is the steps floe serve with cfg (its fixed token budget, no staleness

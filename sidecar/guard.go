@@ -35,10 +35,10 @@ func ProxyConnCap(nofile uint64, maxInflight int) int {
 	return int(max(avail-upstream, 16))
 }
 
-// ProxyHTTPServer is the proxy listener's http.Server, its connections bounded by a
+// proxyHTTPServer is the proxy listener's http.Server, its connections bounded by a
 // proxy.ConnLimiter with cfg's cap (-max-conns, or one derived from the descriptor limit)
 // and stranger deadline (-unauthenticated-timeout).
-func ProxyHTTPServer(cfg Config, handler http.Handler, log *slog.Logger) (*http.Server, *proxy.ConnLimiter) {
+func proxyHTTPServer(cfg Config, handler http.Handler, log *slog.Logger) (*http.Server, *proxy.ConnLimiter) {
 	lim := cfg.ProxyLimits
 	maxInflight := lim.MaxInflight
 	if maxInflight == 0 {
@@ -84,8 +84,8 @@ func guardMetrics(reg prometheus.Registerer, gate *proxy.Gate, conns *proxy.Conn
 	)
 }
 
-// PauseExpired is the gate's OnPauseExpired: floe says it loudly.
-func PauseExpired(log *slog.Logger) func(time.Duration) {
+// pauseExpired is the gate's OnPauseExpired: floe says it loudly.
+func pauseExpired(log *slog.Logger) func(time.Duration) {
 	return func(d time.Duration) {
 		log.Error("the trainer paused rollouts and has not resumed them within -max-pause: floe now refuses every model call with its provider's overloaded error until a resume (POST /floe/v1/resume or Flight resume); is the trainer alive?",
 			"paused_for", d.Round(time.Second))
@@ -96,16 +96,16 @@ func PauseExpired(log *slog.Logger) func(time.Duration) {
 // one: on loopback it is open to every local process, a harness's sandbox included when
 // it shares the host's network namespace.
 func warnOpenListeners(cfg Config, log *slog.Logger) {
-	WarnOpenControl(cfg, log)
+	warnOpenControl(cfg, log)
 	if cfg.FlightToken == "" {
 		log.Warn("Flight has no token: any process that reaches "+cfg.FlightAddr+" (a sandbox sharing the host's network namespace too) can commit steps and pause rollouts; set one with -flight-token-file FILE or $"+FlightTokenEnv,
 			"flight_addr", cfg.FlightAddr)
 	}
 }
 
-// WarnOpenControl logs, when the control listener has no token, how to set one (floe
+// warnOpenControl logs, when the control listener has no token, how to set one (floe
 // serve and floe proxy).
-func WarnOpenControl(cfg Config, log *slog.Logger) {
+func warnOpenControl(cfg Config, log *slog.Logger) {
 	if cfg.ControlToken == "" {
 		log.Warn("the control API has no token: any process that reaches "+cfg.ControlAddr+" (a sandbox sharing the host's network namespace too) can pause, resume and finish sessions; set one with -control-token-file FILE or $"+ControlTokenEnv,
 			"control_addr", cfg.ControlAddr)

@@ -14,6 +14,7 @@ import (
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
+	"github.com/floe-rl/floe/trace/mem"
 )
 
 // Metrics is floe serve's Prometheus registry (its own, never the global default) and
@@ -65,18 +66,32 @@ var (
 	_ proxy.ReplicaMetrics = (*Metrics)(nil)
 )
 
-// State is what the metrics read at scrape time: the store's sessions and groups, the
-// READY buffer and the GPU monitor; a nil field is not collected.
+// State is what the metrics read at scrape time: the durable store's sessions and
+// groups, the in-memory store's retention, the READY buffer and the GPU monitor; a nil
+// field is not collected.
 type State struct {
 	Store   *bolt.Store
+	Memory  *mem.Store
 	Ready   *Ready
 	Monitor *gpu.Monitor
 }
 
 // NewMetrics builds the registry with Go runtime and process collectors and floe's own.
-func NewMetrics(st State) *Metrics {
+func NewMetrics(st State) *Metrics { return newMetrics(st, true) }
+
+// newMetrics is NewMetrics for what floe builds: without steps (floe proxy) the step
+// former's, Flight's, the trainer's and the archive's metrics are not registered, so that
+// /metrics shows nothing that cannot move.
+func newMetrics(st State, steps bool) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	f := promauto{m.reg}
+	// The step side's collectors exist either way (the code that feeds them needs no
+	// check); without steps they go to a registry nobody serves.
+	stepReg := m.reg
+	if !steps {
+		stepReg = prometheus.NewRegistry()
+	}
+	s := promauto{stepReg}
 	m.calls = f.counterVec("floe_calls_recorded_total", "Model calls recorded, by API kind and whether they are trainable.", "api", "trainable")
 	m.samplingOverrides = f.counterVec("floe_sampling_overrides_total", "Sampling parameters the proxy overrode under --sampling force, by API kind and parameter (temperature, top_p).", "api", "param")
 	m.samplingTruncated = f.counterVec("floe_calls_truncated_sampling_total", "Calls recorded with top_p < 1, top_k > 0, min_p > 0 or greedy decoding, whose processed log-probs the trainer cannot reproduce (untrainable unless -train-truncated), by API kind.", "api")
@@ -84,28 +99,28 @@ func NewMetrics(st State) *Metrics {
 	m.upstream = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_upstream_latency_seconds",
 		Help: "Latency of upstream inference calls that answered, by API kind.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"api"})
 	m.finished = f.counterVec("floe_sessions_finished_total", "Sessions finished, by status; timeout includes sessions ended by the group timeout.", "status")
-	m.timedOut = f.counter("floe_groups_timed_out_total", "Groups ended by the group timeout (their running sessions finished as timeout).")
-	m.dropped = f.counterVec("floe_groups_dropped_total", "Complete groups set aside without training, by reason: too_few_sessions, invalid, nothing_to_train, path_too_long.", "reason")
-	m.stale = f.counter("floe_calls_stale_total", "Trainable calls not trained on because their policy version lagged the current one by more than max_staleness.")
-	m.stepsFormed = f.counterVec("floe_steps_formed_total", "Steps formed and made READY; recovered=true for uncommitted steps formed again after a restart.", "recovered")
+	m.timedOut = s.counter("floe_groups_timed_out_total", "Groups ended by the group timeout (their running sessions finished as timeout).")
+	m.dropped = s.counterVec("floe_groups_dropped_total", "Complete groups set aside without training, by reason: too_few_sessions, invalid, nothing_to_train, path_too_long.", "reason")
+	m.stale = s.counter("floe_calls_stale_total", "Trainable calls not trained on because their policy version lagged the current one by more than max_staleness.")
+	m.stepsFormed = s.counterVec("floe_steps_formed_total", "Steps formed and made READY; recovered=true for uncommitted steps formed again after a restart.", "recovered")
 	m.stepFormation = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_step_formation_seconds",
 		Help: "Time to form a step: reconstruction, advantages, packing and encoding each rank's first micro-batch.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)})
-	m.stepsCommitted = f.counter("floe_steps_committed_total", "Steps committed by the trainer.")
-	m.archived = f.counterVec("floe_archive_steps_total", "Committed steps (kind=step) and dropped groups (kind=dropped_group) moved from the store into the Parquet archive.", "kind")
-	m.archiveFailures = f.counterVec("floe_archive_failures_total", "Failed attempts to archive a committed step (kind=step) or a dropped group (kind=dropped_group); each stays in the store and is tried again.", "kind")
+	m.stepsCommitted = s.counter("floe_steps_committed_total", "Steps committed by the trainer.")
+	m.archived = s.counterVec("floe_archive_steps_total", "Committed steps (kind=step) and dropped groups (kind=dropped_group) moved from the store into the Parquet archive.", "kind")
+	m.archiveFailures = s.counterVec("floe_archive_failures_total", "Failed attempts to archive a committed step (kind=step) or a dropped group (kind=dropped_group); each stays in the store and is tried again.", "kind")
 	m.archiveTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_archive_seconds",
 		Help: "Time to archive one committed step or dropped group: writing its Parquet files and removing it from the store.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 16)})
-	m.reg.MustRegister(m.archiveTime)
-	m.flightBytes = f.counter("floe_flight_bytes_sent_total", "Bytes of micro-batch FlightData messages sent over Flight.")
-	m.flightBatches = f.counter("floe_flight_micro_batches_served_total", "Micro-batches sent over Flight.")
-	m.flightRows = f.counter("floe_flight_rows_sent_total", "Rows (tokens, padding included) of the micro-batches sent over Flight.")
-	m.budget = f.gauge("floe_token_budget_rows", "Token budget B (rows per micro-batch) new steps are formed with.")
-	m.fill = f.gauge("floe_step_fill", "Fill of the last formed step: rows / (micro-batches x budget).")
-	m.imbalance = f.gauge("floe_step_imbalance", "Rank imbalance of the last formed step: heaviest rank cost / mean rank cost.")
-	m.rowsForwarded = f.counter("floe_rows_forwarded_total", "Rows the trainer forwards in formed steps (cut repeats included, padding excluded).")
-	m.perRequestTokens = f.counter("floe_per_request_tokens_total", "Rows the per_request strategy would forward for the same steps (prompt + response tokens of every call).")
-	m.tokensSaved = f.counter("floe_tokens_saved_total", "Rows saved against per_request: floe_per_request_tokens_total - floe_rows_forwarded_total.")
-	m.lossTokens = f.counter("floe_loss_tokens_total", "Sampled tokens trained in formed steps.")
+	stepReg.MustRegister(m.archiveTime)
+	m.flightBytes = s.counter("floe_flight_bytes_sent_total", "Bytes of micro-batch FlightData messages sent over Flight.")
+	m.flightBatches = s.counter("floe_flight_micro_batches_served_total", "Micro-batches sent over Flight.")
+	m.flightRows = s.counter("floe_flight_rows_sent_total", "Rows (tokens, padding included) of the micro-batches sent over Flight.")
+	m.budget = s.gauge("floe_token_budget_rows", "Token budget B (rows per micro-batch) new steps are formed with.")
+	m.fill = s.gauge("floe_step_fill", "Fill of the last formed step: rows / (micro-batches x budget).")
+	m.imbalance = s.gauge("floe_step_imbalance", "Rank imbalance of the last formed step: heaviest rank cost / mean rank cost.")
+	m.rowsForwarded = s.counter("floe_rows_forwarded_total", "Rows the trainer forwards in formed steps (cut repeats included, padding excluded).")
+	m.perRequestTokens = s.counter("floe_per_request_tokens_total", "Rows the per_request strategy would forward for the same steps (prompt + response tokens of every call).")
+	m.tokensSaved = s.counter("floe_tokens_saved_total", "Rows saved against per_request: floe_per_request_tokens_total - floe_rows_forwarded_total.")
+	m.lossTokens = s.counter("floe_loss_tokens_total", "Sampled tokens trained in formed steps.")
 	m.trainerWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_trainer_wait_seconds",
 		Help: "Seconds a trainer rank waited for data in a step, from its reports.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 20)})
 	m.trainerStep = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "floe_trainer_step_seconds",
@@ -120,12 +135,15 @@ func NewMetrics(st State) *Metrics {
 	m.replicaLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "floe_replica_latency_seconds",
 		Help: "Latency of the upstream calls each replica answered.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"upstream"})
 	m.reg.MustRegister(m.replicaHealthy, m.replicaLatency)
-	m.reg.MustRegister(m.upstream, m.stepFormation, m.trainerWait, m.trainerStep, m.trainerPeak,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	stepReg.MustRegister(m.stepFormation, m.trainerWait, m.trainerStep, m.trainerPeak)
+	m.reg.MustRegister(m.upstream, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{st: st})
+	if st.Memory != nil {
+		memoryMetrics(m.reg, st.Memory)
+	}
 	if st.Monitor != nil && st.Monitor.DeviceCount() > 0 {
-		m.gpuBusy = f.gauge("floe_gpu_step_busy_fraction", "GPU busy fraction (mean utilization, 0..1) over the last step, from its first micro-batch served to its commit.")
-		m.gpuPeak = f.gauge("floe_gpu_step_peak_memory_bytes", "Peak device memory used over the last step's window.")
+		m.gpuBusy = s.gauge("floe_gpu_step_busy_fraction", "GPU busy fraction (mean utilization, 0..1) over the last step, from its first micro-batch served to its commit.")
+		m.gpuPeak = s.gauge("floe_gpu_step_peak_memory_bytes", "Peak device memory used over the last step's window.")
 	}
 	return m
 }
@@ -326,4 +344,21 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// memoryMetrics registers the in-memory store's retention (floe proxy's
+// -max-stored-bytes), read from the store at each scrape so that nothing is counted
+// twice.
+func memoryMetrics(reg prometheus.Registerer, store *mem.Store) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "floe_proxy_stored_bytes",
+			Help: "Bytes of the recorded calls kept in memory (counted under -max-stored-bytes)."},
+			func() float64 { stored, _ := store.Retained(); return float64(stored) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_calls_total",
+			Help: "Recorded calls dropped from memory by -max-stored-bytes."},
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "floe_proxy_dropped_bytes_total",
+			Help: "Bytes of the recorded calls dropped from memory by -max-stored-bytes."},
+			func() float64 { _, dropped := store.Retained(); return float64(dropped.Bytes) }),
+	)
 }

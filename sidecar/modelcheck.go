@@ -18,12 +18,12 @@ import (
 // that is still loading must not hold floe's start.
 const modelCheckTimeout = 5 * time.Second
 
-// CheckServedModel asks each -upstream replica which models it serves (GET /v1/models)
+// checkServedModel asks each -upstream replica which models it serves (GET /v1/models)
 // and refuses a -model none of them serves, naming what they do serve: otherwise the
 // mistake shows only at the first call, as a 404 to a harness. A replica that does not
 // answer is logged as a warning and skipped (it may still be loading), as is the check
 // when -model is not given (the engine then takes the first model listed).
-func CheckServedModel(ctx context.Context, cfg Config, client *http.Client, log *slog.Logger) error {
+func checkServedModel(ctx context.Context, cfg Config, client *http.Client, log *slog.Logger) error {
 	if cfg.Model == "" {
 		return nil
 	}

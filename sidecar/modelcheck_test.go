@@ -33,7 +33,7 @@ func TestCheckServedModel(t *testing.T) {
 			var logs bytes.Buffer
 			cfg := DefaultConfig()
 			cfg.Upstream, cfg.Model = tc.upstream, tc.model
-			err := CheckServedModel(context.Background(), cfg, http.DefaultClient, slog.New(slog.NewTextHandler(&logs, nil)))
+			err := checkServedModel(context.Background(), cfg, http.DefaultClient, slog.New(slog.NewTextHandler(&logs, nil)))
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("err = %v", err)

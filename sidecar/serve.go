@@ -14,16 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow/memory"
-	"github.com/sourcegraph/conc/pool"
-
-	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/trace"
-	"github.com/floe-rl/floe/trace/bolt"
 )
 
 // Config is floe serve's configuration; DefaultConfig gives its defaults (docs/design.md).
@@ -68,6 +63,9 @@ type Config struct {
 	// (such a session belongs to no group and could never be trained on, so floe serve
 	// refuses it).
 	OpenSessions bool
+	// MaxBodyBytes bounds a request body the proxy accepts (floe proxy's -max-body-bytes;
+	// 0: proxy.DefaultMaxBodyBytes).
+	MaxBodyBytes int64
 
 	// TokenBudgetAuto sizes the token budget with a gpu.BudgetController between
 	// TokenBudgetMin and TokenBudgetMax (starting at the minimum) so that the predicted
@@ -157,19 +155,19 @@ func (cfg Config) Validate() error {
 	if cfg.OpenSessions {
 		return errors.New("-open-sessions is floe proxy's only: floe serve trains on groups, and a session opened by its first call belongs to none; create sessions with POST /floe/v1/sessions on the control address")
 	}
-	if err := CheckLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
+	if err := checkLoopback("-control-addr", cfg.ControlAddr, cfg.ControlToken, "-control-token-file or $"+ControlTokenEnv); err != nil {
 		return err
 	}
-	return CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
+	return checkLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+FlightTokenEnv)
 }
 
 // DefaultUpstreamSessionHeader is the header upstream calls carry their session id in
 // by default: the one vLLM's routers read for session affinity (docs/proxy.md).
 const DefaultUpstreamSessionHeader = "X-Session-ID"
 
-// NewUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
+// newUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
 // -model): a proxy.Pool, whose Run the caller runs for the health checks.
-func NewUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
+func newUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
 	urls, err := ParseUpstreams(cfg.Upstream)
 	if err != nil {
 		return nil, err
@@ -237,10 +235,10 @@ func (cfg *Config) LoadTokens(getenv func(string) string) error {
 	return load(&cfg.FlightToken, cfg.FlightTokenFile, "-flight-token-file", FlightTokenEnv)
 }
 
-// CheckLoopback refuses a listener address beyond loopback (any other interface, or all
+// checkLoopback refuses a listener address beyond loopback (any other interface, or all
 // of them) when it has no token: the control API and Flight change rewards, steps and
 // the gate. A Unix socket (unix:/path) is local.
-func CheckLoopback(flagName, addr, token, how string) error {
+func checkLoopback(flagName, addr, token, how string) error {
 	if token != "" || addr == "" || strings.HasPrefix(addr, "unix:") {
 		return nil
 	}
@@ -278,139 +276,17 @@ func (cfg Config) budgetController(mon *gpu.Monitor) (*gpu.BudgetController, err
 	})
 }
 
-// Addrs are where a running floe listens.
+// Addrs are where a running floe listens; a listener it does not have is "" and left
+// out of the JSON (floe proxy has no Flight service, floe corpus-serve only that).
 type Addrs struct {
-	Proxy   string `json:"proxy"`
-	Control string `json:"control"`
-	Flight  string `json:"flight"`
+	Proxy   string `json:"proxy,omitempty"`
+	Control string `json:"control,omitempty"`
+	Flight  string `json:"flight,omitempty"`
 }
 
-// Serve runs floe until ctx ends: proxy, control API (with /metrics), durable store,
-// step former, READY buffer, Flight service and GPU monitor, each listener on its own
-// address (the harness-facing proxy reaches no control). ready is called once all three
-// listeners are bound. Tokens must be loaded (LoadTokens) before. On start it recovers from the data dir: uncommitted steps are
-// formed again from their groups by replaying the decisions their records hold, byte for
-// byte as before whatever this start's settings, and committed steps are never served
-// again.
-func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs)) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	engine, err := NewUpstream(cfg, log, nil)
-	if err != nil {
-		return err
-	}
-	if err := CheckServedModel(ctx, cfg, http.DefaultClient, log); err != nil {
-		return err
-	}
-	store, err := bolt.New(cfg.DataDir, bolt.Options{})
-	if err != nil {
-		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
-	}
-	defer store.Close()
-	// An older floe's steps get their decisions once, before any is formed again or
-	// archived; from then on every step replays its record.
-	if err := decideOlderSteps(store, cfg, log); err != nil {
-		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
-	}
-	pending, lastCommitted, err := store.Steps()
-	if err != nil {
-		return fmt.Errorf("reading steps: %w", err)
-	}
-	first := lastCommitted + 1
-	if len(pending) > 0 {
-		first = min(first, pending[0].N)
-	}
-	rb := NewReady(cfg.StepsAhead, first)
-	defer rb.Shutdown()
-
-	lib := cfg.GPU
-	if lib == nil {
-		lib = gpu.SystemNVML()
-	}
-	mon := gpu.NewMonitor(lib, gpu.MonitorConfig{Logger: log})
-	ctl, err := cfg.budgetController(mon)
-	if err != nil {
-		return err
-	}
-	if ctl != nil && cfg.GPUMemoryBytes == 0 && mon.DeviceCount() == 0 {
-		log.Warn("token budget auto: device memory unknown (no GPU visible through NVML and no -gpu-memory given); the budget stays at -token-budget-min",
-			"budget", ctl.Budget())
-	}
-	metrics := NewMetrics(State{Store: store, Ready: rb, Monitor: mon})
-	engine.Metrics = metrics // before its Run: per-replica calls, failovers and health
-	steps := newStepTracker(log, metrics, mon, ctl, cfg.Batcher.TokenBudget)
-	steps.observer = cfg.Observer
-
-	// The Node owns the lifecycle and the policy version: it starts the gate at the
-	// version the trainer last resumed rollouts with, and records every resume.
-	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: PauseExpired(log)}
-	node, err := NewNode(NodeConfig{Log: log, Gate: gate, Ready: rb, Store: store})
-	if err != nil {
-		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
-	}
-	mem := memory.NewGoAllocator()
-	px := &proxy.Server{Dialects: providers.Dialects(), Engine: engine,
-		Sessions: store, Recorder: store, Gate: gate, OpenSessions: cfg.OpenSessions, Log: log, Metrics: metrics,
-		Limits: cfg.ProxyLimits, Sampling: cfg.Sampling, TrainTruncated: cfg.TrainTruncated, SessionHeader: cfg.UpstreamSessionHeader,
-		DiskFree: func() (uint64, error) { return diskFree(cfg.DataDir) }}
-	pl, err := net.Listen("tcp", cfg.ProxyAddr)
-	if err != nil {
-		return fmt.Errorf("proxy listen: %w", err)
-	}
-	cl, err := net.Listen("tcp", cfg.ControlAddr)
-	if err != nil {
-		pl.Close()
-		return fmt.Errorf("control listen: %w", err)
-	}
-	fl, err := arrowflight.Listen(cfg.FlightAddr)
-	if err != nil {
-		pl.Close()
-		cl.Close()
-		return fmt.Errorf("flight listen: %w", err)
-	}
-	node.steps, node.metrics, node.upstreams = steps, metrics, engine
-	node.former = &stepFormer{cfg: cfg, store: store, ready: rb, mem: mem, log: log, wake: make(chan struct{}, 1), now: time.Now,
-		steps: steps, version: node.version, metrics: metrics, exams: map[string]*examined{}}
-	if cfg.Retention.Archive {
-		node.archiver = NewArchiver(store, cfg.archiveDir(), mem, log)
-		node.archiver.Retention = cfg.Retention
-		node.archiver.Metrics = metrics
-	}
-	control := &ControlAPI{Node: node, BaseURL: "http://" + pl.Addr().String(), DefaultGroupSize: cfg.GroupSize,
-		Metrics: metrics.Handler(), Token: cfg.ControlToken, MaxAbsReward: cfg.MaxAbsReward,
-		ArchiveDir: cfg.archiveDir(), MinGroupSize: cfg.MinGroupSize}
-	hs, conns := ProxyHTTPServer(cfg, px, log) // connections bounded by the descriptor limit
-	guardMetrics(metrics.Registry(), gate, conns)
-	cs := &http.Server{Handler: control.Handler(), ReadHeaderTimeout: 30 * time.Second}
-	door := node.Flight()
-	fs := &arrowflight.Server[Status]{Source: door, Control: door, Token: cfg.FlightToken, Mem: mem, Log: log, Observer: steps}
-
-	if ready != nil {
-		ready(Addrs{Proxy: "http://" + pl.Addr().String(), Control: "http://" + cl.Addr().String(), Flight: arrowflight.Location(fl)})
-	}
-	log.Info("floe serving", "proxy", pl.Addr().String(), "control", cl.Addr().String(), "flight", arrowflight.Location(fl),
-		"control_token", cfg.ControlToken != "", "flight_token", cfg.FlightToken != "", "data_dir", cfg.DataDir,
-		"strategy", cfg.Batcher.Strategy, "token_budget", steps.Budget(), "token_budget_auto", cfg.TokenBudgetAuto,
-		"gpus", mon.DeviceCount(), "recovered_steps", len(pending), "last_committed", lastCommitted, "archive", cfg.Retention.Archive)
-	warnOpenListeners(cfg, log)
-
-	p := pool.New().WithContext(ctx).WithCancelOnError()
-	p.Go(mon.Run)
-	p.Go(engine.Run)                                                        // the replicas' health checks
-	p.Go(func(ctx context.Context) error { return node.Run(ctx, pending) }) // the former and the archiver
-	p.Go(func(ctx context.Context) error { return fs.Serve(ctx, fl) })
-	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, hs, conns.Listener(pl)) })
-	p.Go(func(ctx context.Context) error { return ServeHTTP(ctx, cs, cl) })
-	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
-}
-
-// ServeHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
+// serveHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
 // flight a bounded time to finish (and be recorded).
-func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
+func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(lis) }()
 	select {

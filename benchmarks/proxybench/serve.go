@@ -6,18 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"runtime/pprof"
 	"syscall"
-	"time"
 
-	"github.com/floe-rl/floe/proxy"
-	"github.com/floe-rl/floe/proxy/providers"
 	"github.com/floe-rl/floe/sidecar"
-	"github.com/floe-rl/floe/trace"
-	"github.com/floe-rl/floe/trace/mem"
 )
 
 // ServeEnv names the environment variable that makes a program serve floe's proxy for
@@ -47,21 +41,17 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		return true, fmt.Errorf("$%s: %w", ServeEnv, err)
 	}
-	store := &mem.Store{Retention: trace.Retention{MaxStoredBytes: cfg.MaxStoredBytes}}
+	keys := map[string]string{}
 	for i := 0; i < max(cfg.Keys, 1); i++ {
-		store.AddSession(benchKey(i), benchKey(i))
+		keys[benchKey(i)] = benchKey(i)
 	}
-	eng, err := providers.NewEngine("vllm", cfg.Upstream, "m")
-	if err != nil {
-		return true, err
-	}
-	log := slog.New(slog.DiscardHandler)
-	def := sidecar.DefaultConfig()
+	// floe proxy's configuration: its default limits, its upstream pool, its metrics.
+	fc := sidecar.DefaultConfig()
+	fc.Upstream, fc.Model, fc.Retention.MaxStoredBytes = cfg.Upstream, "m", cfg.MaxStoredBytes
+	fc.ProxyAddr, fc.ControlAddr = "127.0.0.1:0", "127.0.0.1:0"
 	// The latency phase sends thousands of calls with one key, GiBs past a session's
 	// -max-session-bytes: the quota is still counted and checked on every call, never met.
-	def.ProxyLimits.MaxSessionBytes = 1 << 62
-	srv := &proxy.Server{Dialects: providers.Dialects(), Engine: eng, Sessions: store, Recorder: store,
-		Gate: &proxy.Gate{}, Log: log, Limits: def.ProxyLimits}
+	fc.ProxyLimits.MaxSessionBytes = 1 << 62
 	if cfg.CPUProfile != "" {
 		f, err := os.Create(cfg.CPUProfile)
 		if err != nil {
@@ -76,23 +66,11 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	// The parent stops it with an interrupt, so that the profile is written.
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	// floe proxy as its command builds it: calls kept in memory, no Flight service.
+	f, err := sidecar.New(ctx, fc, slog.New(slog.DiscardHandler), sidecar.InMemory(keys), sidecar.WithoutFlight())
 	if err != nil {
-		return true, fmt.Errorf("proxy listen: %w", err)
-	}
-	// floe proxy's http.Server: its connections counted and capped (proxy.ConnLimiter).
-	hs, conns := sidecar.ProxyHTTPServer(def, srv, log)
-	fmt.Fprintf(stdout, "serving http://%s\n", lis.Addr())
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(conns.Listener(lis)) }() // owned here: Shutdown below ends it
-	select {
-	case err := <-errc:
 		return true, err
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(sctx)
-		<-errc
-		return true, nil
 	}
+	fmt.Fprintf(stdout, "serving %s\n", f.Addrs().Proxy)
+	return true, f.Run(ctx)
 }

@@ -25,7 +25,6 @@ import (
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/internal/corpus"
 	"github.com/floe-rl/floe/sidecar"
-	"github.com/floe-rl/floe/trace/bolt"
 )
 
 const e2eUsage = `usage: floe-bench e2e [flags]
@@ -247,10 +246,11 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 	cfg.DataDir, cfg.ProxyAddr, cfg.ControlAddr, cfg.FlightAddr = dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream = "http://127.0.0.1:1" // no call is made: the groups are recorded
 	cfg.Batcher.Strategy, cfg.MinGroupSize = st, 1
-	steps, err := plannedSteps(dir, cfg)
+	forms, err := sidecar.PlanDataDir(cfg) // the steps floe will form, as its planner decides them
 	if err != nil {
 		return e2e.Run{}, err
 	}
+	steps := len(forms)
 	if steps == 0 {
 		return e2e.Run{}, fmt.Errorf("the replay recorded too few trainable groups for one step of %d groups", cfg.GroupsPerStep)
 	}
@@ -289,18 +289,6 @@ func (b *benchE2E) train(ctx context.Context, st batcher.Strategy, recorded stri
 		return run, fmt.Errorf("the trainer reported on %d steps, floe could form %d", len(run.Steps), steps)
 	}
 	return run, nil
-}
-
-// plannedSteps counts the steps floe with cfg will form from the data dir's groups, as
-// its step planner decides them.
-func plannedSteps(dir string, cfg sidecar.Config) (int, error) {
-	st, err := bolt.New(dir, bolt.Options{ReadOnly: true})
-	if err != nil {
-		return 0, err
-	}
-	defer st.Close()
-	forms, err := sidecar.PlanSteps(st, cfg)
-	return len(forms), err
 }
 
 // runTrainer runs the trainer for steps and shows its step lines.

@@ -3,16 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 
-	"github.com/apache/arrow-go/v18/arrow/memory"
-	"github.com/sourcegraph/conc/pool"
-
-	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/internal/cli"
 	"github.com/floe-rl/floe/internal/corpus"
@@ -91,34 +86,13 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := cfg.LoadTokens(os.Getenv); err != nil {
 		return err
 	}
-	if err := sidecar.CheckLoopback("-flight-addr", cfg.FlightAddr, cfg.FlightToken, "-flight-token-file or $"+sidecar.FlightTokenEnv); err != nil {
-		return err
+	announce := func(a sidecar.Addrs) {
+		hello, _ := json.Marshal(map[string]any{"flight": a.Flight, "steps": len(steps)})
+		fmt.Fprintln(stdout, string(hello))
 	}
-	lis, err := arrowflight.Listen(cfg.FlightAddr)
-	if err != nil {
-		return fmt.Errorf("flight listen: %w", err)
-	}
-	ready := sidecar.NewReady(cfg.StepsAhead, 0)
-	defer ready.Shutdown()
-	ready.EndAt(int64(len(steps)))
-	mem := memory.NewGoAllocator()
-	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: log, Ready: ready}) // no store: commits are not durable
-	if err != nil {
-		return err
-	}
-	door := node.Flight()
-	srv := &arrowflight.Server[sidecar.Status]{Source: door, Control: door, Token: cfg.FlightToken, Mem: mem, Log: log}
-	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
-	fmt.Fprintln(stdout, string(hello))
-	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Batcher.Strategy)
-
-	p := pool.New().WithContext(ctx).WithCancelOnError()
-	p.Go(func(ctx context.Context) error { return sidecar.FeedSteps(ctx, ready, steps, mem, log) })
-	p.Go(func(ctx context.Context) error { return srv.Serve(ctx, lis) })
-	if err := p.Wait(); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	// floe corpus-serve is floe serve with the corpus's steps for its upstream: no proxy,
+	// control API or store.
+	return sidecar.Serve(ctx, cfg, log, announce, sidecar.FromSteps(steps))
 }
 
 func foldVocab(groups []trace.Group, n int32) {
