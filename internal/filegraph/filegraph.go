@@ -30,6 +30,8 @@ type Graph struct {
 	Files []string
 	// Uses maps a file to the files whose declarations it uses (never itself).
 	Uses map[string][]string
+	// Names holds, for each use {from, to}, the names of to's declarations from uses, sorted.
+	Names map[[2]string][]string
 }
 
 // Load type-checks the package in dir (its non-test files, as the go command selects them
@@ -67,6 +69,7 @@ func Load(ctx context.Context, dir string) (Graph, error) {
 		return Graph{}, fmt.Errorf("filegraph: type-check %s: %w", listing.ImportPath, err)
 	}
 	uses := map[string]map[string]bool{}
+	names := map[[2]string]map[string]bool{}
 	for id, obj := range info.Uses {
 		if obj.Pkg() != pkg || !obj.Pos().IsValid() || !declaredAtPackageLevel(pkg, obj) {
 			continue
@@ -80,8 +83,19 @@ func Load(ctx context.Context, dir string) (Graph, error) {
 			uses[from] = map[string]bool{}
 		}
 		uses[from][to] = true
+		edge := [2]string{from, to}
+		if names[edge] == nil {
+			names[edge] = map[string]bool{}
+		}
+		names[edge][qualifiedName(obj)] = true
 	}
-	g := Graph{Files: append([]string(nil), listing.GoFiles...), Uses: map[string][]string{}}
+	g := Graph{Files: append([]string(nil), listing.GoFiles...), Uses: map[string][]string{}, Names: map[[2]string][]string{}}
+	for edge, set := range names {
+		for n := range set {
+			g.Names[edge] = append(g.Names[edge], n)
+		}
+		sort.Strings(g.Names[edge])
+	}
 	sort.Strings(g.Files)
 	for from, tos := range uses {
 		for to := range tos {
@@ -106,6 +120,26 @@ func declaredAtPackageLevel(pkg *types.Package, obj types.Object) bool {
 		return o.IsField()
 	}
 	return false
+}
+
+// qualifiedName names a declaration as a reader finds it: T.M for a method or field of T.
+func qualifiedName(obj types.Object) string {
+	if f, ok := obj.(*types.Func); ok {
+		if recv := f.Type().(*types.Signature).Recv(); recv != nil {
+			return typeName(recv.Type()) + "." + f.Name()
+		}
+	}
+	return obj.Name()
+}
+
+func typeName(t types.Type) string {
+	if p, ok := t.(*types.Pointer); ok {
+		t = p.Elem()
+	}
+	if n, ok := t.(*types.Named); ok {
+		return n.Obj().Name()
+	}
+	return t.String()
 }
 
 // Floors is the stacking of the files with the fewest references running back up: Order

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/floe-rl/floe/internal/filegraph"
 )
@@ -28,7 +29,14 @@ func main() {
 	for _, f := range fl.Order {
 		fmt.Printf("  %-20s uses %v\n", f, g.Uses[f])
 	}
+	if os.Getenv("FLOORS_ALL") != "" {
+		for _, f := range fl.Order {
+			for _, to := range g.Uses[f] {
+				fmt.Printf("  %s -> %s (%s)\n", f, to, strings.Join(g.Names[[2]string{f, to}], ", "))
+			}
+		}
+	}
 	for _, r := range fl.BackRefs {
-		fmt.Printf("  up: %s -> %s\n", r[0], r[1])
+		fmt.Printf("  up: %s -> %s (%s)\n", r[0], r[1], strings.Join(g.Names[r], ", "))
 	}
 }
