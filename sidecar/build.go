@@ -2,11 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -450,4 +453,74 @@ func (t teeRecorder) Record(ctx context.Context, c *trace.Call) error {
 		return err
 	}
 	return t.file.Record(ctx, c)
+}
+
+// newUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
+// -model): a proxy.Pool, whose Run the caller runs for the health checks.
+func newUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
+	urls, err := ParseUpstreams(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	kind := cfg.Engine
+	if kind == "" {
+		kind = "vllm"
+	}
+	for _, raw := range strings.Split(cfg.Upstream, ",") {
+		if root, trimmed := UpstreamRoot(strings.TrimSpace(raw)); trimmed {
+			log.Info("-upstream is the inference server's root: floe adds /v1 itself", "given", proxy.ReplicaLabel(raw), "using", proxy.ReplicaLabel(root))
+		}
+	}
+	var rs []proxy.Replica
+	for _, u := range urls {
+		// Each engine asks its own replica for the served model (when -model is not
+		// given) on its first call: the replica that answers is a healthy one.
+		e, err := providers.NewEngine(kind, u, cfg.Model)
+		if err != nil {
+			return nil, fmt.Errorf("-engine: %w", err)
+		}
+		rs = append(rs, proxy.Replica{URL: u, Engine: e})
+	}
+	pool, err := proxy.NewPool(rs...)
+	if err != nil {
+		return nil, fmt.Errorf("-upstream: %w", err)
+	}
+	pool.HealthInterval, pool.Metrics, pool.Log = cfg.UpstreamHealthInterval, metrics, log
+	return pool, nil
+}
+
+// Addrs are where a running floe listens; a listener it does not have is "" and left
+// out of the JSON (floe proxy has no Flight service, floe corpus-serve only that).
+type Addrs struct {
+	Proxy   string `json:"proxy,omitempty"`
+	Control string `json:"control,omitempty"`
+	Flight  string `json:"flight,omitempty"`
+}
+
+// serveHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
+// flight a bounded time to finish (and be recorded).
+func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(shut); err != nil {
+			return err
+		}
+		<-errc // http.ErrServerClosed
+		return nil
+	}
+}
+
+// AnnounceJSON writes the bound addresses as one JSON line: how a launcher learns the
+// ports when one is 0 (docs/design.md, "The start line").
+func AnnounceJSON(w io.Writer) func(Addrs) {
+	return func(a Addrs) {
+		b, _ := json.Marshal(a)
+		fmt.Fprintln(w, string(b))
+	}
 }

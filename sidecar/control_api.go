@@ -19,9 +19,6 @@ import (
 	"github.com/floe-rl/floe/trace/archive"
 )
 
-// DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
-const DefaultMaxAbsReward = 1e6
-
 // ControlAPI is the session and control HTTP API under /floe/v1 (docs/control.md):
 // harness runners create sessions, finish them with their reward and read what was
 // recorded; a trainer without Flight can pause and resume rollouts. It is served on its
@@ -198,26 +195,6 @@ func (c *ControlAPI) finishSession(w http.ResponseWriter, r *http.Request) {
 	c.reply(w, out)
 }
 
-// groupStates is a trace.SessionStore that reads a group's bookkeeping (mem and bolt do).
-type groupStates interface {
-	SessionGroupState(id string) (trace.GroupState, error)
-	Groups() ([]trace.GroupState, error)
-}
-
-// groupFate is a group's state as a harness runner sees it: waiting for sessions,
-// complete (waiting for a step), in a step, or dropped.
-func groupFate(g trace.GroupState) string {
-	switch {
-	case g.Dropped:
-		return "dropped"
-	case g.Step >= 0:
-		return "in_step"
-	case g.Complete():
-		return "complete"
-	}
-	return "waiting"
-}
-
 // reportGroup adds the finished session's group to a finish's reply and logs it, with a
 // warning when the group cannot reach -min-group-size: such a group is dropped without
 // training, which a runner that created sessions without group_id and group_size (a
@@ -247,24 +224,6 @@ func (c *ControlAPI) reportGroup(out map[string]any, g trace.GroupState) {
 	case "complete":
 		log.Info("group complete: waits for a step", "group", g.ID, "sessions", g.Sessions)
 	}
-}
-
-// groupCounts counts the store's groups by state, for the status.
-func groupCounts(gs []trace.GroupState) *GroupCounts {
-	var n GroupCounts
-	for _, g := range gs {
-		switch groupFate(g) {
-		case "waiting":
-			n.Waiting++
-		case "complete":
-			n.Complete++
-		case "in_step":
-			n.InStep++
-		case "dropped":
-			n.Dropped++
-		}
-	}
-	return &n
 }
 
 func (c *ControlAPI) pause(w http.ResponseWriter, r *http.Request) {

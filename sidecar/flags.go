@@ -4,9 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/url"
 	"strconv"
-	"strings"
 
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/proxy"
@@ -281,50 +279,4 @@ func (v *upstreamValue) Set(s string) error {
 	}
 	v.c.Upstream, v.set = s, true
 	return nil
-}
-
-// ParseUpstreams splits -upstream's value into its replicas' URLs: absolute http or
-// https URLs, none given twice. Its errors say what is wrong and name the flag.
-func ParseUpstreams(s string) ([]string, error) {
-	var out []string
-	seen := map[string]bool{}
-	for _, raw := range strings.Split(s, ",") {
-		raw = strings.TrimSpace(raw)
-		if raw == "" {
-			return nil, fmt.Errorf("-upstream %q: an empty URL (give base URLs separated by commas)", s)
-		}
-		u, err := url.Parse(raw)
-		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err // its text would repeat the URL, credentials and all
-			}
-			return nil, fmt.Errorf("-upstream: a URL that does not parse (%w): want an http:// or https:// base URL such as http://127.0.0.1:8000", err)
-		}
-		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			shown := *u
-			shown.RawQuery, shown.Fragment = "", ""
-			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", shown.Redacted())
-		}
-		raw, _ = UpstreamRoot(raw)
-		label := proxy.ReplicaLabel(raw)
-		if seen[label] {
-			return nil, fmt.Errorf("-upstream %s is given twice", label)
-		}
-		seen[label] = true
-		out = append(out, raw)
-	}
-	return out, nil
-}
-
-// UpstreamRoot is an -upstream URL as floe uses it: the server's root, under which the
-// engines add /v1/chat/completions, /tokenize and /health. vLLM and floe's reference
-// server print their OpenAI base URL, which ends in /v1; given that, every call would go
-// to /v1/v1/... and answer 404, so a trailing /v1 is taken off (trimmed reports it).
-func UpstreamRoot(raw string) (root string, trimmed bool) {
-	path := strings.TrimRight(raw, "/")
-	if base, ok := strings.CutSuffix(path, "/v1"); ok {
-		return base, true
-	}
-	return raw, false
 }

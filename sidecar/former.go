@@ -22,11 +22,6 @@ type FormerStore interface {
 	trace.StepStore
 }
 
-// policy is the planner's part of the configuration.
-func (cfg Config) policy() plan.Policy {
-	return plan.Policy{GroupsPerStep: cfg.GroupsPerStep, MinGroupSize: cfg.MinGroupSize, GroupTimeout: cfg.GroupTimeout}
-}
-
 // examined is a complete group decided and reconstructed once, kept until a step takes
 // it or it is dropped.
 type examined struct {

@@ -111,24 +111,3 @@ func warnOpenControl(cfg Config, log *slog.Logger) {
 			"control_addr", cfg.ControlAddr)
 	}
 }
-
-// DefaultMaxPause is -max-pause's default: a weight sync takes seconds to a few minutes.
-const DefaultMaxPause = 10 * time.Minute
-
-// The disk guards' defaults: a session may store 1 GiB of calls (requests, answers and
-// tokens; a long agent session with images stores tens of MiB), and calls are refused
-// once the store's disk has less than 1 GiB free, ahead of bbolt's growth (it grows its
-// file by up to 1 GiB at a time) and the archive's Parquet files.
-const (
-	DefaultMaxSessionBytes = 1 << 30
-	DefaultMinFreeDisk     = 1 << 30
-)
-
-func defaultProxyLimits() proxy.Limits {
-	l := proxy.DefaultLimits()
-	l.MaxSessionBytes, l.MinFreeDisk = DefaultMaxSessionBytes, DefaultMinFreeDisk
-	return l
-}
-
-// DefaultTemplateKwargs is proxy.DefaultTemplateKwargs, copied.
-func DefaultTemplateKwargs() []string { return append([]string(nil), proxy.DefaultTemplateKwargs...) }

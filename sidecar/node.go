@@ -324,22 +324,3 @@ func (d FlightDoor) Report(ctx context.Context, r arrowflight.Report) error {
 	return d.n.Report(ctx, r)
 }
 func (d FlightDoor) Status(ctx context.Context) Status { return d.n.Status(ctx) }
-
-// policyVersion is the policy version the Node owns; the former reads it to measure
-// staleness.
-type policyVersion struct {
-	mu sync.Mutex
-	v  int64
-}
-
-func (p *policyVersion) get() int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.v
-}
-
-func (p *policyVersion) set(v int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.v = v
-}

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/proxy"
+	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -61,4 +62,73 @@ type DroppedGroup struct {
 	Group  string `json:"group"`
 	Kind   string `json:"kind"`
 	Reason string `json:"reason"`
+}
+
+// groupStates is a trace.SessionStore that reads a group's bookkeeping (mem and bolt do).
+type groupStates interface {
+	SessionGroupState(id string) (trace.GroupState, error)
+	Groups() ([]trace.GroupState, error)
+}
+
+// groupCounts counts the store's groups by state, for the status.
+func groupCounts(gs []trace.GroupState) *GroupCounts {
+	var n GroupCounts
+	for _, g := range gs {
+		switch groupFate(g) {
+		case "waiting":
+			n.Waiting++
+		case "complete":
+			n.Complete++
+		case "in_step":
+			n.InStep++
+		case "dropped":
+			n.Dropped++
+		}
+	}
+	return &n
+}
+
+// stepOutcome is the status action's "last_step": the latest finished step.
+type stepOutcome struct {
+	Step              int64   `json:"step"`
+	TokenBudget       int     `json:"token_budget"`
+	MaxMicroBatchRows int     `json:"max_micro_batch_rows"`
+	Rows              int64   `json:"rows"`
+	PerRequestTokens  int64   `json:"per_request_tokens"`
+	TokensSaved       int64   `json:"tokens_saved"`
+	Fill              float64 `json:"fill"`
+	Imbalance         float64 `json:"imbalance"`
+	WaitSeconds       float64 `json:"wait_seconds"` // the largest over ranks
+	StepSeconds       float64 `json:"step_seconds"` // the largest over ranks
+	PeakMemoryBytes   int64   `json:"peak_memory_bytes"`
+	// GPU figures over the window from the first micro-batch served to the commit;
+	// absent without a GPU.
+	GPUSamples          int     `json:"gpu_samples,omitempty"`
+	GPUBusyFraction     float64 `json:"gpu_busy_fraction,omitempty"`
+	GPUPeakMemoryBytes  uint64  `json:"gpu_peak_memory_bytes,omitempty"`
+	GPUMemoryTotalBytes uint64  `json:"gpu_memory_total_bytes,omitempty"`
+}
+
+// budgetDecision is the status action's "token_budget_decision".
+type budgetDecision struct {
+	Budget         int    `json:"budget"`
+	Previous       int    `json:"previous"`
+	Reason         string `json:"reason"`
+	PeakBytes      uint64 `json:"peak_bytes"`
+	LimitBytes     uint64 `json:"limit_bytes"`
+	PredictedBytes uint64 `json:"predicted_bytes"`
+}
+
+// groupFate is a group's state as a harness runner sees it: waiting for sessions,
+// complete (waiting for a step), in a step, or dropped.
+func groupFate(g trace.GroupState) string {
+	switch {
+	case g.Dropped:
+		return "dropped"
+	case g.Step >= 0:
+		return "in_step"
+	case g.Complete():
+		return "complete"
+	}
+	return "waiting"
 }

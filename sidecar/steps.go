@@ -38,15 +38,6 @@ type stepTracker struct {
 	decision *gpu.BudgetDecision
 }
 
-// StepObserver is told of each step's life: formed (READY), each rank's report, the
-// commit. For benchmark timelines and tests; its methods are called on floe's own
-// goroutines and must return quickly.
-type StepObserver interface {
-	StepFormed(st *batcher.Step, took time.Duration)
-	TrainerReport(r arrowflight.Report)
-	StepCommitted(n int64)
-}
-
 type stepState struct {
 	ranks     int
 	budget    int
@@ -56,27 +47,6 @@ type stepState struct {
 	served    time.Time // first micro-batch sent; zero until then
 	committed time.Time // zero until committed
 	reports   map[int]arrowflight.Report
-}
-
-// stepOutcome is the status action's "last_step": the latest finished step.
-type stepOutcome struct {
-	Step              int64   `json:"step"`
-	TokenBudget       int     `json:"token_budget"`
-	MaxMicroBatchRows int     `json:"max_micro_batch_rows"`
-	Rows              int64   `json:"rows"`
-	PerRequestTokens  int64   `json:"per_request_tokens"`
-	TokensSaved       int64   `json:"tokens_saved"`
-	Fill              float64 `json:"fill"`
-	Imbalance         float64 `json:"imbalance"`
-	WaitSeconds       float64 `json:"wait_seconds"` // the largest over ranks
-	StepSeconds       float64 `json:"step_seconds"` // the largest over ranks
-	PeakMemoryBytes   int64   `json:"peak_memory_bytes"`
-	// GPU figures over the window from the first micro-batch served to the commit;
-	// absent without a GPU.
-	GPUSamples          int     `json:"gpu_samples,omitempty"`
-	GPUBusyFraction     float64 `json:"gpu_busy_fraction,omitempty"`
-	GPUPeakMemoryBytes  uint64  `json:"gpu_peak_memory_bytes,omitempty"`
-	GPUMemoryTotalBytes uint64  `json:"gpu_memory_total_bytes,omitempty"`
 }
 
 func newStepTracker(log *slog.Logger, m *Metrics, mon *gpu.Monitor, ctl *gpu.BudgetController, fixed int) *stepTracker {
@@ -227,16 +197,6 @@ func (t *stepTracker) finishIfDone(n int64, s *stepState) {
 		t.log.Info("token budget changed", "step", n, "budget", d.Budget, "previous", d.Previous, "reason", d.Reason,
 			"peak_bytes", d.Peak, "limit_bytes", d.Limit, "predicted_bytes", d.Predicted)
 	}
-}
-
-// budgetDecision is the status action's "token_budget_decision".
-type budgetDecision struct {
-	Budget         int    `json:"budget"`
-	Previous       int    `json:"previous"`
-	Reason         string `json:"reason"`
-	PeakBytes      uint64 `json:"peak_bytes"`
-	LimitBytes     uint64 `json:"limit_bytes"`
-	PredictedBytes uint64 `json:"predicted_bytes"`
 }
 
 // describe adds the tracker's figures to a status: the budget, its last decision, the

@@ -1,23 +1,20 @@
 package sidecar
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math"
 	"net"
-	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/floe-rl/floe/arrowflight"
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/proxy"
-	"github.com/floe-rl/floe/proxy/providers"
+	"github.com/floe-rl/floe/sidecar/plan"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -165,40 +162,6 @@ func (cfg Config) Validate() error {
 // by default: the one vLLM's routers read for session affinity (docs/proxy.md).
 const DefaultUpstreamSessionHeader = "X-Session-ID"
 
-// newUpstream returns the engine over cfg's inference replicas (-upstream, -engine,
-// -model): a proxy.Pool, whose Run the caller runs for the health checks.
-func newUpstream(cfg Config, log *slog.Logger, metrics proxy.ReplicaMetrics) (*proxy.Pool, error) {
-	urls, err := ParseUpstreams(cfg.Upstream)
-	if err != nil {
-		return nil, err
-	}
-	kind := cfg.Engine
-	if kind == "" {
-		kind = "vllm"
-	}
-	for _, raw := range strings.Split(cfg.Upstream, ",") {
-		if root, trimmed := UpstreamRoot(strings.TrimSpace(raw)); trimmed {
-			log.Info("-upstream is the inference server's root: floe adds /v1 itself", "given", proxy.ReplicaLabel(raw), "using", proxy.ReplicaLabel(root))
-		}
-	}
-	var rs []proxy.Replica
-	for _, u := range urls {
-		// Each engine asks its own replica for the served model (when -model is not
-		// given) on its first call: the replica that answers is a healthy one.
-		e, err := providers.NewEngine(kind, u, cfg.Model)
-		if err != nil {
-			return nil, fmt.Errorf("-engine: %w", err)
-		}
-		rs = append(rs, proxy.Replica{URL: u, Engine: e})
-	}
-	pool, err := proxy.NewPool(rs...)
-	if err != nil {
-		return nil, fmt.Errorf("-upstream: %w", err)
-	}
-	pool.HealthInterval, pool.Metrics, pool.Log = cfg.UpstreamHealthInterval, metrics, log
-	return pool, nil
-}
-
 // The environment variables floe reads its tokens from when no token file is given.
 const (
 	ControlTokenEnv = "FLOE_CONTROL_TOKEN"
@@ -276,38 +239,86 @@ func (cfg Config) budgetController(mon *gpu.Monitor) (*gpu.BudgetController, err
 	})
 }
 
-// Addrs are where a running floe listens; a listener it does not have is "" and left
-// out of the JSON (floe proxy has no Flight service, floe corpus-serve only that).
-type Addrs struct {
-	Proxy   string `json:"proxy,omitempty"`
-	Control string `json:"control,omitempty"`
-	Flight  string `json:"flight,omitempty"`
-}
-
-// serveHTTP serves hs on lis until ctx ends, then stops accepting and gives calls in
-// flight a bounded time to finish (and be recorded).
-func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		shut, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := hs.Shutdown(shut); err != nil {
-			return err
+// ParseUpstreams splits -upstream's value into its replicas' URLs: absolute http or
+// https URLs, none given twice. Its errors say what is wrong and name the flag.
+func ParseUpstreams(s string) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for _, raw := range strings.Split(s, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			return nil, fmt.Errorf("-upstream %q: an empty URL (give base URLs separated by commas)", s)
 		}
-		<-errc // http.ErrServerClosed
-		return nil
+		u, err := url.Parse(raw)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // its text would repeat the URL, credentials and all
+			}
+			return nil, fmt.Errorf("-upstream: a URL that does not parse (%w): want an http:// or https:// base URL such as http://127.0.0.1:8000", err)
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			shown := *u
+			shown.RawQuery, shown.Fragment = "", ""
+			return nil, fmt.Errorf("-upstream %s: want an http:// or https:// base URL such as http://127.0.0.1:8000", shown.Redacted())
+		}
+		raw, _ = UpstreamRoot(raw)
+		label := proxy.ReplicaLabel(raw)
+		if seen[label] {
+			return nil, fmt.Errorf("-upstream %s is given twice", label)
+		}
+		seen[label] = true
+		out = append(out, raw)
 	}
+	return out, nil
 }
 
-// AnnounceJSON writes the bound addresses as one JSON line: how a launcher learns the
-// ports when one is 0 (docs/design.md, "The start line").
-func AnnounceJSON(w io.Writer) func(Addrs) {
-	return func(a Addrs) {
-		b, _ := json.Marshal(a)
-		fmt.Fprintln(w, string(b))
+// UpstreamRoot is an -upstream URL as floe uses it: the server's root, under which the
+// engines add /v1/chat/completions, /tokenize and /health. vLLM and floe's reference
+// server print their OpenAI base URL, which ends in /v1; given that, every call would go
+// to /v1/v1/... and answer 404, so a trailing /v1 is taken off (trimmed reports it).
+func UpstreamRoot(raw string) (root string, trimmed bool) {
+	path := strings.TrimRight(raw, "/")
+	if base, ok := strings.CutSuffix(path, "/v1"); ok {
+		return base, true
 	}
+	return raw, false
+}
+
+// DefaultMaxPause is -max-pause's default: a weight sync takes seconds to a few minutes.
+const DefaultMaxPause = 10 * time.Minute
+
+// The disk guards' defaults: a session may store 1 GiB of calls (requests, answers and
+// tokens; a long agent session with images stores tens of MiB), and calls are refused
+// once the store's disk has less than 1 GiB free, ahead of bbolt's growth (it grows its
+// file by up to 1 GiB at a time) and the archive's Parquet files.
+const (
+	DefaultMaxSessionBytes = 1 << 30
+	DefaultMinFreeDisk     = 1 << 30
+)
+
+func defaultProxyLimits() proxy.Limits {
+	l := proxy.DefaultLimits()
+	l.MaxSessionBytes, l.MinFreeDisk = DefaultMaxSessionBytes, DefaultMinFreeDisk
+	return l
+}
+
+// DefaultTemplateKwargs is proxy.DefaultTemplateKwargs, copied.
+func DefaultTemplateKwargs() []string { return append([]string(nil), proxy.DefaultTemplateKwargs...) }
+
+// DefaultMaxAbsReward bounds a session's reward when ControlAPI.MaxAbsReward is 0.
+const DefaultMaxAbsReward = 1e6
+
+// policy is the planner's part of the configuration.
+func (cfg Config) policy() plan.Policy {
+	return plan.Policy{GroupsPerStep: cfg.GroupsPerStep, MinGroupSize: cfg.MinGroupSize, GroupTimeout: cfg.GroupTimeout}
+}
+
+// StepObserver is told of each step's life: formed (READY), each rank's report, the
+// commit. For benchmark timelines and tests; its methods are called on floe's own
+// goroutines and must return quickly.
+type StepObserver interface {
+	StepFormed(st *batcher.Step, took time.Duration)
+	TrainerReport(r arrowflight.Report)
+	StepCommitted(n int64)
 }
