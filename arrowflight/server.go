@@ -88,8 +88,7 @@ func (s *Server[S]) Serve(ctx context.Context, lis net.Listener) error {
 		// hold it until the client's deadline: end those waits first.
 		stop()
 		srv.Shutdown()
-		<-done
-		return nil
+		return <-done // nil once stopped (grpc's Serve)
 	}
 }
 

@@ -307,7 +307,13 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	if err != nil {
 		return fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
-	defer store.Close()
+	// Close flushes the store's last writes; Serve's return value is decided by then, so a
+	// failure is logged.
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Error("closing the trace store", "dir", cfg.DataDir, "err", err)
+		}
+	}()
 	// An older floe's steps get their decisions once, before any is formed again or
 	// archived; from then on every step replays its record.
 	if err := decideOlderSteps(store, cfg, log); err != nil {
@@ -360,13 +366,14 @@ func Serve(ctx context.Context, cfg Config, log *slog.Logger, ready func(Addrs))
 	}
 	cl, err := net.Listen("tcp", cfg.ControlAddr)
 	if err != nil {
-		pl.Close()
+		_ = pl.Close() // the error above is the one to report
 		return fmt.Errorf("control listen: %w", err)
 	}
 	fl, err := arrowflight.Listen(cfg.FlightAddr)
 	if err != nil {
-		pl.Close()
-		cl.Close()
+		// The error above is the one to report.
+		_ = pl.Close()
+		_ = cl.Close()
 		return fmt.Errorf("flight listen: %w", err)
 	}
 	node.steps, node.metrics, node.upstreams = steps, metrics, engine
@@ -422,7 +429,9 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 		if err := hs.Shutdown(shut); err != nil {
 			return err
 		}
-		<-errc // http.ErrServerClosed
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
 		return nil
 	}
 }
@@ -432,6 +441,6 @@ func ServeHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 func AnnounceJSON(w io.Writer) func(Addrs) {
 	return func(a Addrs) {
 		b, _ := json.Marshal(a)
-		fmt.Fprintln(w, string(b))
+		_, _ = fmt.Fprintln(w, string(b)) // a launcher gone from the pipe ends floe by SIGPIPE (os/signal)
 	}
 }

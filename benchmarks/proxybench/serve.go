@@ -3,10 +3,12 @@ package proxybench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -67,7 +69,7 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("cpu profile: %w", err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // StopCPUProfile, deferred after it and so run before, has written the profile
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return true, fmt.Errorf("cpu profile: %w", err)
 		}
@@ -82,7 +84,11 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	}
 	// floe proxy's http.Server: its connections counted and capped (proxy.ConnLimiter).
 	hs, conns := sidecar.ProxyHTTPServer(def, srv, log)
-	fmt.Fprintf(stdout, "serving http://%s\n", lis.Addr())
+	// The parent learns the address from this line.
+	if _, err := fmt.Fprintf(stdout, "serving http://%s\n", lis.Addr()); err != nil {
+		_ = lis.Close() // the write error is the one to report
+		return true, fmt.Errorf("announcing the address: %w", err)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(conns.Listener(lis)) }() // owned here: Shutdown below ends it
 	select {
@@ -92,7 +98,9 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
-		<-errc
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return true, err
+		}
 		return true, nil
 	}
 }

@@ -109,7 +109,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	door := node.Flight()
 	srv := &arrowflight.Server[sidecar.Status]{Source: door, Control: door, Token: cfg.FlightToken, Mem: mem, Log: log}
 	hello, _ := json.Marshal(map[string]any{"flight": arrowflight.Location(lis), "steps": len(steps)})
-	fmt.Fprintln(stdout, string(hello))
+	_, _ = fmt.Fprintln(stdout, string(hello)) // a launcher gone from the pipe ends floe by SIGPIPE (os/signal)
 	log.Info("serving corpus", "flight", arrowflight.Location(lis), "groups", len(data), "steps", len(steps), "strategy", cfg.Batcher.Strategy)
 
 	p := pool.New().WithContext(ctx).WithCancelOnError()

@@ -75,7 +75,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return fmt.Errorf("record file: %w", err)
 		}
-		defer file.Close()
+		defer func() { _ = file.Close() }() // each Record fsynced its line: a Close error loses nothing
 		rec = teeRecorder{store, file}
 	}
 	gate := &proxy.Gate{DrainTimeout: cfg.DrainTimeout, MaxPause: cfg.MaxPause, OnPauseExpired: sidecar.PauseExpired(log)}
@@ -96,20 +96,21 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	cl, err := net.Listen("tcp", cfg.ControlAddr)
 	if err != nil {
-		lis.Close()
+		_ = lis.Close() // the error above is the one to report
 		return fmt.Errorf("control listen: %w", err)
 	}
 	// floe proxy's Node takes sessions and pauses; it forms no steps.
 	node, err := sidecar.NewNode(sidecar.NodeConfig{Log: log, Gate: gate, Store: store})
 	if err != nil {
-		lis.Close()
-		cl.Close()
+		// The error above is the one to report.
+		_ = lis.Close()
+		_ = cl.Close()
 		return err
 	}
 	control := &sidecar.ControlAPI{Node: node, BaseURL: "http://" + lis.Addr().String(), Token: cfg.ControlToken,
 		Metrics: proxyMetrics(store)}
 	hello, _ := json.Marshal(map[string]string{"proxy": "http://" + lis.Addr().String(), "control": "http://" + cl.Addr().String()})
-	fmt.Fprintln(stdout, string(hello))
+	_, _ = fmt.Fprintln(stdout, string(hello)) // a launcher gone from the pipe ends floe by SIGPIPE (os/signal)
 	log.Info("proxy serving", "addr", lis.Addr().String(), "control", cl.Addr().String(), "control_token", cfg.ControlToken != "",
 		"upstreams", eng.Status())
 	// As floe serve does: without a token the control API is open to every local process.

@@ -185,13 +185,13 @@ func New(dir string, opt Options) (*Store, error) {
 	if !opt.ReadOnly {
 		// Only now, holding the lock: another floe's compaction in progress is not ours.
 		if err := removeCompactLeftover(path); err != nil {
-			db.Close()
+			_ = db.Close() // the error above is the one to report
 			return nil, err
 		}
 	}
 	budgets, err := initialise(db, dir, path, opt.ReadOnly)
 	if err != nil {
-		db.Close()
+		_ = db.Close() // the error above is the one to report
 		return nil, err
 	}
 	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}, oldBudgets: budgets}
@@ -388,7 +388,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // opened only to fsync, checked below
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
