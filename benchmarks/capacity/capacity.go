@@ -229,7 +229,7 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 			opt.progress("point R=%d T=%d", r, t)
 			p, err := runPoint(ctx, &opt, upURL, r, t)
 			if err != nil {
-				return nil, fmt.Errorf("R=%d T=%d: %w", r, t, err)
+				return nil, fmt.Errorf("point R=%d T=%d: %w", r, t, err)
 			}
 			opt.progress("  %.0f calls/s (%d calls, %d recorded, %d errors), added p50 %.2f ms p99 %.2f ms, %.1f KiB/session, %d steps, %.3f GB/s; "+
 				"%d calls archived in %d steps (%.1f KiB/call), store file %.0f KiB holding %d calls",

@@ -275,7 +275,7 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 // holding anything else is refused.
 func createMeta(tx *bolt.Tx, path string) error {
 	empty := true
-	tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
+	tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck // the callback returns nil, so ForEach does
 	if !empty {
 		return fmt.Errorf("%w: %s is a bbolt database without floe's meta bucket: not a floe store", ErrFormat, path)
 	}
