@@ -236,7 +236,7 @@ func writeFormatThree(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = db.Close() }() // closed and checked below; a failed test may leave it open
+	defer testutil.Close(t, db)
 	err = db.Update(func(tx *bbolt.Tx) error {
 		steps := tx.Bucket([]byte("steps"))
 		old := map[string][]byte{}
