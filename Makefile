@@ -3,7 +3,7 @@
 #   make test    set up a fresh machine (Go modules, Python venv) and run every test
 #   make test-vllm  floe against a real vLLM (CPU build) serving SmolLM2 (docs/vllm.md)
 #   make test-verl  floe_bridge.verl's agent-loop manager against verl 0.9.1 from PyPI, CPU (docs/verl.md)
-#   make lint    gofmt check + go vet
+#   make lint    gofmt check + go vet + golangci-lint (.golangci.yml)
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
@@ -134,6 +134,11 @@ test-verl:
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
 
+# golangci-lint, pinned in its own module (tools/golangci-lint/go.mod) so that floe's go.mod
+# does not take its dependencies; built from the Go module proxy on the first run (minutes
+# on two cores), from the build cache after.
+GOLANGCI_LINT := $(GO) tool -modfile=tools/golangci-lint/go.mod golangci-lint
+
 # Checks tracked Go files plus new ones git does not ignore.
 lint:
 	@files=$$(git ls-files --cached --others --exclude-standard -- '*.go'); \
@@ -142,6 +147,7 @@ lint:
 		if [ -n "$$bad" ]; then echo "gofmt -w needed on:"; echo "$$bad"; exit 1; fi; \
 	fi
 	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -cpu 1 ./batcher/ ./benchmarks/...

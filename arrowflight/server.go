@@ -88,7 +88,7 @@ func (s *Server[S]) Serve(ctx context.Context, lis net.Listener) error {
 		// hold it until the client's deadline: end those waits first.
 		stop()
 		srv.Shutdown()
-		<-done
+		<-done //nolint:errcheck // nil, or grpc.ErrServerStopped when the stop came before Serve began
 		return nil
 	}
 }

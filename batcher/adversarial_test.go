@@ -305,14 +305,6 @@ func grp(id string, sessions ...trace.Session) trace.Group {
 	return trace.Group{ID: id, TaskID: "task-" + id, Sessions: sessions}
 }
 
-func span(from, n int32) []int32 {
-	out := make([]int32, n)
-	for i := range out {
-		out[i] = from + int32(i)
-	}
-	return out
-}
-
 func cat(parts ...[]int32) []int32 {
 	var out []int32
 	for _, p := range parts {

@@ -23,7 +23,7 @@ func TestFailedSessionsAreOutOfTheBaseline(t *testing.T) {
 	want := map[batcher.Advantage][]float64{
 		batcher.GRPO:   {(1 - mean) / (std + 1e-6), (0.5 - mean) / (std + 1e-6), (0 - mean) / (std + 1e-6), 0},
 		batcher.DrGRPO: {0.5, 0, -0.5, 0},
-		batcher.RLOO:   {1 - 0.25, 0.5 - 0.5, 0 - 0.75, 0},
+		batcher.RLOO:   {1 - 0.25, 0.5 - 0.5, 0 - 0.75, 0}, //nolint:staticcheck // SA4000: each reward minus the mean of the others, written out as its neighbours are
 	}
 	for kind, w := range want {
 		cfg := testConfig(batcher.Tree)

@@ -216,7 +216,7 @@ func decodeRecord(t *testing.T, rec arrow.RecordBatch, cfg batcher.Config, st *b
 		out[lossTerm{tokensKey(chain), ids[q], lps[q], advs[q], temps[q]}]++
 	}
 	checkVisibility(t, pred[:real], end[:real])
-	return int64(meta.LossTokensGlobal*0) + countLoss(mask)
+	return meta.LossTokensGlobal*0 + countLoss(mask)
 }
 
 func countLoss(mask []uint8) int64 {

@@ -34,7 +34,7 @@ func TestSampleTableFlagsTruncatedSampling(t *testing.T) {
 	}
 	tab := st.SampleTable(memory.DefaultAllocator)
 	defer tab.Release()
-	col := tab.Column(int(tab.Schema().FieldIndices("num_truncated_calls")[0])).(*array.Int32).Int32Values()
+	col := tab.Column(tab.Schema().FieldIndices("num_truncated_calls")[0]).(*array.Int32).Int32Values()
 	if got := []int32{col[0], col[1]}; got[0] != 2 || got[1] != 1 {
 		t.Errorf("num_truncated_calls %v, want [2 1]", got)
 	}

@@ -271,7 +271,9 @@ func TestMonitorNoDriver(t *testing.T) {
 		ticks <- t0.Add(time.Duration(i) * 100 * time.Millisecond)
 	}
 	cancel()
-	<-done
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
 	s := m.SampleAt(t0.Add(time.Minute))
 	if len(s.Devices) != 0 {
 		t.Fatalf("sample has %d devices", len(s.Devices))

@@ -25,8 +25,8 @@ func startTrickle(t *testing.T, px, key string, every time.Duration, stop <-chan
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":", key)
+	t.Cleanup(func() { _ = conn.Close() }) // a client's connection: its end is not the test
+	_, _ = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":", key)
 	if every > 0 {
 		done := make(chan struct{})
 		t.Cleanup(func() { <-done }) // the caller closes stop before the test ends

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,8 +41,8 @@ func stranger(t *testing.T, px string) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
+	t.Cleanup(func() { _ = conn.Close() }) // a client's connection: its end is not the test
+	_, _ = fmt.Fprintf(conn, "POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
 	return conn
 }
 
@@ -50,7 +51,8 @@ func waitEOF(t *testing.T, conn net.Conn, what string) {
 	t.Helper()
 	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	_, err := io.Copy(io.Discard, conn)
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("%s: the connection is still open", what)
 	}
 }
@@ -121,9 +123,9 @@ func TestConnLimiterStrangerDeadline(t *testing.T) {
 		send func(net.Conn)
 	}{
 		{"silent", func(net.Conn) {}},
-		{"half a request line", func(c net.Conn) { fmt.Fprint(c, "POST /v1/chat/comp") }},
+		{"half a request line", func(c net.Conn) { _, _ = fmt.Fprint(c, "POST /v1/chat/comp") }},
 		{"a body to an unknown path", func(c net.Conn) {
-			fmt.Fprint(c, "POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
+			_, _ = fmt.Fprint(c, "POST /nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,7 +133,7 @@ func TestConnLimiterStrangerDeadline(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer conn.Close()
+			defer func() { _ = conn.Close() }() // a client's connection: its end is not the test
 			started := time.Now()
 			tc.send(conn)
 			waitEOF(t, conn, "a stranger's connection")
@@ -145,9 +147,9 @@ func TestConnLimiterStrangerDeadline(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }() // a client's connection: its end is not the test
 		body := fmt.Sprintf(chatBody, "")
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		_, _ = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		<-held
 		// A stranger that arrived later is closed at its deadline, which lies past this
 		// connection's: this one, serving a call, is still open.

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/proxy"
 	"github.com/floe-rl/floe/proxy/openai"
 	"github.com/floe-rl/floe/proxy/vllm"
@@ -57,7 +58,7 @@ func TestSessionQuotaBoundsDiskGrowth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	defer testutil.Close(t, store)
 	for _, s := range []struct{ id, key string }{{"s", "k"}, {"s2", "k2"}} {
 		if err := store.CreateSession(trace.Session{ID: s.id, TaskID: "t", GroupID: "g"}, s.key, 0); err != nil {
 			t.Fatal(err)

@@ -334,7 +334,7 @@ func (p *Pool) check(ctx context.Context, r *replica, timeout time.Duration) err
 		}
 		return err
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close() // only the status is wanted
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET /health answered %d", resp.StatusCode)
 	}

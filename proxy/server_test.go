@@ -333,7 +333,7 @@ func TestBodyOverTheLimit(t *testing.T) {
 func TestUpstreamRefusingConnections(t *testing.T) {
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := lis.Addr().String()
-	lis.Close() // nothing listens there now
+	_ = lis.Close() // nothing listens there now
 	store := &mem.Store{}
 	store.AddSession("k", "s")
 	srv := httptest.NewServer(&proxy.Server{Dialects: proxy.Dialects{openai.Chat{}}, Engine: &vllm.Engine{BaseURL: "http://" + addr, Model: "m"},

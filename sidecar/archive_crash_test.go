@@ -16,6 +16,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -94,7 +95,7 @@ func TestArchiveCrash(t *testing.T) {
 			// Two dropped groups, archived after the steps.
 			dropped := recordDroppedGroup(t, s, "gd0")
 			maps.Copy(dropped, recordDroppedGroup(t, s, "gd1"))
-			s.Close()
+			testutil.Close(t, s)
 
 			nth := 2 // in the second step or dropped group: the first is archived whole before
 			if stage == "compacted" {
@@ -121,8 +122,8 @@ func TestArchiveCrash(t *testing.T) {
 				}
 				trail = append(trail, sc.Text())
 			}
-			cmd.Process.Signal(syscall.SIGKILL)
-			cmd.Wait()
+			_ = cmd.Process.Signal(syscall.SIGKILL) // it may have died already; Wait reaps it either way
+			_ = cmd.Wait()                          // "signal: killed"
 			if len(trail) == 0 || trail[len(trail)-1] != "AT "+stage {
 				t.Fatalf("child stopped after %v, not at %s", trail, stage)
 			}
@@ -132,7 +133,7 @@ func TestArchiveCrash(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close()
+			defer testutil.Close(t, s)
 			a := NewArchiver(s, dir+"/archive", mem, quietLog())
 			if _, err := a.ArchiveCommitted(context.Background()); err != nil { // floe serve's start
 				t.Fatal(err)

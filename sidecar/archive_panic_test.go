@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
@@ -59,7 +60,7 @@ func TestArchivePanicIsAnError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	recordStep(t, s, 0)
 	a := NewArchiver(panickyStore{s, map[string]bool{"g000": true}}, dir+"/archive", mem, quietLog())
 	if _, err := a.ArchiveCommitted(context.Background()); err == nil || !strings.Contains(err.Error(), "panic") {
@@ -150,7 +151,7 @@ func TestArchiveSkipsFailingStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	for k := range 3 {
 		recordStep(t, s, k)
 	}
@@ -208,7 +209,7 @@ func TestArchiveReturnsOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	recorded := map[callKey]trace.Call{}
 	for k := range 4 {
 		calls, _ := recordStep(t, s, k)

@@ -22,6 +22,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -229,7 +230,7 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close()
+			defer testutil.Close(t, s)
 			a := NewArchiver(s, dir+"/archive", mem, quietLog())
 			recorded := map[callKey]trace.Call{}
 			var peak int64
@@ -281,13 +282,16 @@ func TestArchiveKeepsStoreBounded(t *testing.T) {
 			}
 			checkArchive(t, dir+"/archive", recorded, boundSteps, mem)
 			var archived int64
-			filepath.WalkDir(dir+"/archive", func(_ string, d fs.DirEntry, err error) error {
+			err = filepath.WalkDir(dir+"/archive", func(_ string, d fs.DirEntry, err error) error {
 				if err == nil && !d.IsDir() {
 					fi, _ := d.Info()
 					archived += fi.Size()
 				}
 				return err
 			})
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Logf("archive: %d bytes for %d calls (%d bytes of requests, answers and tokens recorded)", archived, len(recorded), recordedBytes(recorded))
 			if ents, _ := os.ReadDir(dir + "/archive/calls"); len(ents) != boundSteps {
 				t.Fatalf("%d call partitions, want %d", len(ents), boundSteps)
@@ -385,7 +389,7 @@ func TestArchiveDroppedGroups(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer func() { s.Close() }()
+			defer func() { testutil.Close(t, s) }()
 			calls, keys := recordStep(t, s, 0) // step 0, committed
 			// A second group, dropped instead of trained.
 			for i := range 2 {
@@ -485,7 +489,7 @@ func TestArchiveSaysWhichCallsTrained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	// session: status, policy versions of its calls
 	sessions := []struct {
 		id       string

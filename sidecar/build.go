@@ -511,7 +511,9 @@ func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 		if err := hs.Shutdown(shut); err != nil {
 			return err
 		}
-		<-errc // http.ErrServerClosed
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
 		return nil
 	}
 }
@@ -521,6 +523,6 @@ func serveHTTP(ctx context.Context, hs *http.Server, lis net.Listener) error {
 func AnnounceJSON(w io.Writer) func(Addrs) {
 	return func(a Addrs) {
 		b, _ := json.Marshal(a)
-		fmt.Fprintln(w, string(b))
+		_, _ = fmt.Fprintln(w, string(b)) // a launcher gone from the pipe ends floe by SIGPIPE (os/signal)
 	}
 }

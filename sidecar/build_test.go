@@ -12,6 +12,7 @@ import (
 
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/internal/corpus"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace/bolt"
 	"github.com/floe-rl/floe/trace/mem"
 )
@@ -25,7 +26,7 @@ func freeAddr(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := lis.Addr().String()
-	lis.Close()
+	testutil.Close(t, lis)
 	return addr
 }
 
@@ -36,7 +37,7 @@ func bound(t *testing.T, addr string) bool {
 	if err != nil {
 		return true
 	}
-	lis.Close()
+	testutil.Close(t, lis)
 	return false
 }
 

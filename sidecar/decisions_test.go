@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/floe-rl/floe/batcher"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
 )
@@ -34,7 +35,7 @@ func serving(t *testing.T, cfg Config) (*running, func()) {
 		stopServe()
 		t.Fatal(err)
 	}
-	return &running{t: t, proxy: a.Proxy, control: a.Control, flight: c}, func() { c.Close(); stopServe() }
+	return &running{t: t, proxy: a.Proxy, control: a.Control, flight: c}, func() { _ = c.Close(); stopServe() }
 }
 
 // servedStep is everything the trainer receives of step n over Flight, as the bytes on
@@ -212,7 +213,7 @@ func TestServeDecidesAnOlderStoresSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	defer testutil.Close(t, st)
 	un, _, err := st.Steps()
 	if err != nil || len(un) != 1 || un[0].N != 1 || un[0].Decisions == nil || un[0].Decisions.Strategy != string(cfg.Batcher.Strategy) {
 		t.Fatalf("uncommitted steps %+v %v, want step 1 with its decisions recorded", un, err)
@@ -235,7 +236,7 @@ func writeFormatThree(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	defer testutil.Close(t, db)
 	err = db.Update(func(tx *bbolt.Tx) error {
 		steps := tx.Bucket([]byte("steps"))
 		old := map[string][]byte{}

@@ -50,12 +50,12 @@ func examine(store trace.GroupStore, id string, minVersion int64, cfg Config) (*
 	e := &examined{exam: plan.Examination{UsableSessions: usable}, stale: d.stale}
 	if err != nil {
 		e.exam.Invalid = err.Error()
-		return e, nil
+		return e, nil //nolint:nilerr // an invalid group is an examination result, not a failure
 	}
 	rec, err := batcher.ReconstructWith(&d.group, cfg.Batcher, d.advantages)
 	if err != nil {
 		e.exam.Invalid = err.Error()
-		return e, nil
+		return e, nil //nolint:nilerr // an invalid group is an examination result, not a failure
 	}
 	e.decided, e.rec = d, rec
 	e.exam.OldestTrainable, e.exam.HasTrainable = rec.OldestTrainable()
@@ -86,7 +86,7 @@ func PlanDataDir(cfg Config) ([]plan.Form, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data dir %s: %w", cfg.DataDir, err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }() // read only: a Close error loses nothing
 	return PlanSteps(st, cfg)
 }
 
@@ -384,7 +384,7 @@ func (f *stepFormer) publish(ctx context.Context, st *batcher.Step, budget int, 
 	if err := f.ready.Put(ctx, fs); err != nil {
 		fs.Release()
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // a cancelled Put is the former stopping, not failing
 		}
 		return err
 	}

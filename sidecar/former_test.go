@@ -16,6 +16,7 @@ import (
 
 	"github.com/floe-rl/floe/batcher"
 	"github.com/floe-rl/floe/gpu"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/bolt"
 )
@@ -208,7 +209,7 @@ func TestFormerAutoBudgetGrowsToTheLongestPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer bs.Close()
+	defer testutil.Close(t, bs)
 	cfg := DefaultConfig()
 	cfg.GroupsPerStep, cfg.MinGroupSize, cfg.StepsAhead = 1, 2, 8
 	cfg.Batcher.PadMultiple, cfg.Batcher.TokenBudget = 128, 8192

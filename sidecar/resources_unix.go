@@ -14,7 +14,7 @@ func nofileLimit() uint64 {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
 		return 0
 	}
-	return uint64(rl.Cur)
+	return uint64(rl.Cur) //nolint:unconvert // Rlimit.Cur is an int64 on FreeBSD
 }
 
 // diskFree is the space an unprivileged process may still write on dir's file system.
@@ -23,5 +23,5 @@ func diskFree(dir string) (uint64, error) {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	return uint64(st.Bavail) * uint64(st.Bsize), nil
+	return uint64(st.Bavail) * uint64(st.Bsize), nil //nolint:unconvert // Bavail is an int64 on FreeBSD
 }

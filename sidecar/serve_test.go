@@ -23,6 +23,7 @@ import (
 
 	"github.com/floe-rl/floe/gpu"
 	"github.com/floe-rl/floe/internal/fakevllm"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace/bolt"
 )
 
@@ -65,7 +66,7 @@ func startServe(t *testing.T, cfg Config) *running {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		c.Close()
+		_ = c.Close() // a gRPC client: nothing of the test's in it
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Serve returned %v", err)
@@ -432,8 +433,11 @@ func TestServeGroupTimeoutAndStaleness(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got map[string]any
-	json.NewDecoder(resp.Body).Decode(&got) //nolint:errcheck
-	resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	_ = resp.Body.Close() // read above
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got["status"] != "timeout" || got["reward"] != 0.0 {
 		t.Fatalf("the hung session after the group timeout: %v", got)
 	}
@@ -533,7 +537,7 @@ func TestPlanStepsAgreesWithTheStepFormer(t *testing.T) {
 		t.Fatal(err)
 	}
 	forms, err := PlanSteps(st, cfg)
-	st.Close()
+	testutil.Close(t, st)
 	want := len(forms)
 	if err != nil || want != 2 || !slices.Equal(forms[0].Groups, []string{"g0", "g1"}) || !slices.Equal(forms[1].Groups, []string{"g4", "g5"}) {
 		t.Fatalf("PlanSteps = %+v %v; want [g0 g1], [g4 g5] ([g2 g3] have no usable session)", forms, err)

@@ -109,7 +109,7 @@ func (c *client) call(ctx context.Context, base, key string, body []byte) (time.
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	got, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0, fmt.Errorf("reading the stream: %w", err)
@@ -143,7 +143,7 @@ func (c *client) postJSON(ctx context.Context, url string, body, out any) error 
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err

@@ -205,7 +205,7 @@ type Report struct {
 
 func (o *Options) progress(format string, args ...any) {
 	if o.Progress != nil {
-		fmt.Fprintf(o.Progress, format+"\n", args...)
+		_, _ = fmt.Fprintf(o.Progress, format+"\n", args...) // progress lines: a closed stderr must not stop a run
 	}
 }
 
@@ -222,14 +222,14 @@ func Run(ctx context.Context, opt Options) (*Report, error) {
 		return nil, err
 	}
 	go func() { _ = up.Serve(lis) }()
-	defer up.Close()
+	defer func() { _ = up.Close() }() // the fake upstream: its Close error is no result
 	upURL := "http://" + lis.Addr().String()
 	for _, r := range opt.Sessions {
 		for _, t := range opt.Ranks {
 			opt.progress("point R=%d T=%d", r, t)
 			p, err := runPoint(ctx, &opt, upURL, r, t)
 			if err != nil {
-				return nil, fmt.Errorf("R=%d T=%d: %w", r, t, err)
+				return nil, fmt.Errorf("point R=%d T=%d: %w", r, t, err)
 			}
 			opt.progress("  %.0f calls/s (%d calls, %d recorded, %d errors), added p50 %.2f ms p99 %.2f ms, %.1f KiB/session, %d steps, %.3f GB/s; "+
 				"%d calls archived in %d steps (%.1f KiB/call), store file %.0f KiB holding %d calls",
@@ -549,7 +549,7 @@ func readStatus(ctx context.Context, c *http.Client, control string) (*sidecar.S
 	if err != nil {
 		return nil, fmt.Errorf("floe's status: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	var st sidecar.Status
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return nil, fmt.Errorf("floe's status: %w", err)
@@ -569,7 +569,7 @@ func storeBytes(path string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("opening floe's store: %w", err)
 	}
-	defer db.Close()
+	defer func() { _ = db.Close() }() // read only: a Close error loses nothing
 	var n int64
 	err = db.View(func(tx *bbolt.Tx) error {
 		n = tx.Size()

@@ -35,11 +35,11 @@ func startFloe(ctx context.Context, cmd *exec.Cmd, logPath string) (*floeProc, e
 	cmd.Stderr = logs
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		logs.Close()
+		_ = logs.Close() // the error above is the one to report
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		logs.Close()
+		_ = logs.Close() // the error above is the one to report
 		return nil, fmt.Errorf("starting floe serve: %w", err)
 	}
 	p := &floeProc{cmd: cmd, logs: logs, exited: make(chan struct{})}
@@ -74,7 +74,7 @@ func startFloe(ctx context.Context, cmd *exec.Cmd, logPath string) (*floeProc, e
 
 // stop ends floe with SIGTERM (as an operator would), then SIGKILL after 10 s.
 func (p *floeProc) stop() {
-	defer p.logs.Close()
+	defer func() { _ = p.logs.Close() }() // the log only: losing its tail on Close must not hide the result
 	select {
 	case <-p.exited:
 		return
@@ -158,7 +158,7 @@ func scrape(ctx context.Context, c *http.Client, control string) (metrics, error
 	if err != nil {
 		return nil, fmt.Errorf("scraping floe's metrics: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	return parseMetrics(resp.Body)
 }
 

@@ -28,7 +28,7 @@ func RunRank(ctx context.Context, location string, rank int, in io.Reader, out i
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // a Flight client: nothing to flush
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		step, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64)
@@ -37,10 +37,14 @@ func RunRank(ctx context.Context, location string, rank int, in io.Reader, out i
 		}
 		bytes, rows, batches, err := fetchRank(ctx, c, step, rank)
 		if err != nil {
-			fmt.Fprintf(out, "%d error %s\n", step, strings.ReplaceAll(err.Error(), "\n", " "))
+			if _, err := fmt.Fprintf(out, "%d error %s\n", step, strings.ReplaceAll(err.Error(), "\n", " ")); err != nil {
+				return fmt.Errorf("rank %d: reporting step %d: %w", rank, step, err)
+			}
 			continue
 		}
-		fmt.Fprintf(out, "%d %d %d %d\n", step, bytes, rows, batches)
+		if _, err := fmt.Fprintf(out, "%d %d %d %d\n", step, bytes, rows, batches); err != nil {
+			return fmt.Errorf("rank %d: reporting step %d: %w", rank, step, err)
+		}
 	}
 	return sc.Err()
 }
@@ -141,7 +145,7 @@ func (rs *ranks) stop() {
 		_ = p.cmd.Wait()
 	}
 	if rs.flight != nil {
-		rs.flight.Close()
+		_ = rs.flight.Close() // a Flight client: nothing to flush
 	}
 }
 

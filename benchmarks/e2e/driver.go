@@ -183,7 +183,7 @@ func (d *Driver) post(ctx context.Context, url, key string, body, out any) error
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("POST %s: reading the answer: %w", url, err)

@@ -116,7 +116,7 @@ func (c Call) Body(model string) ([]byte, error) {
 // floe's Responses dialect folds back into one assistant turn; a tool message becomes a
 // function_call_output item.
 func (c Call) ResponsesBody(model string) ([]byte, error) {
-	chatTools := json.RawMessage(nil)
+	var chatTools json.RawMessage
 	if c.Tools != nil {
 		chatTools = c.Tools
 	} else {
@@ -253,7 +253,7 @@ func promptMessages(ids []int32) ([]Message, error) {
 			for _, tc := range o.ToolCalls {
 				calls++
 				m.ToolCalls = append(m.ToolCalls, ToolCall{ID: fmt.Sprintf("call_%d", calls), Type: "function",
-					Function: FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+					Function: FunctionCall(tc)})
 			}
 			msgs = append(msgs, m)
 		case t.Role == "tool" && calls > 0:

@@ -19,7 +19,7 @@ func FromStore(dir string) ([]Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }() // read only: a Close error loses nothing
 	gs, err := st.Groups()
 	if err != nil {
 		return nil, fmt.Errorf("listing groups: %w", err)

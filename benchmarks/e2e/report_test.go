@@ -111,7 +111,7 @@ func checkPNG(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	img, err := png.Decode(f)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)

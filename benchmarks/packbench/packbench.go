@@ -104,7 +104,7 @@ func split(groups []trace.Group, per int) [][]trace.Group {
 
 func progress(w io.Writer, format string, args ...any) {
 	if w != nil {
-		fmt.Fprintf(w, format+"\n", args...)
+		_, _ = fmt.Fprintf(w, format+"\n", args...) // progress lines: a closed stderr must not stop a run
 	}
 }
 

@@ -42,7 +42,7 @@ func startLiteLLM(ctx context.Context, bin, upURL string, progress io.Writer) (*
 	if err != nil {
 		return nil, "", err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // a temporary directory: best effort
 	// LiteLLM refuses to start without a master key; every caller sends it.
 	kb := make([]byte, 32)
 	_, _ = rand.Read(kb)
@@ -56,7 +56,7 @@ func startLiteLLM(ctx context.Context, bin, upURL string, progress io.Writer) (*
 		return nil, "", err
 	}
 	port := lis.Addr().(*net.TCPAddr).Port
-	lis.Close()
+	_ = lis.Close() // only to learn a free port
 	version := "unknown version"
 	py := filepath.Join(filepath.Dir(bin), "python")
 	if out, err := exec.CommandContext(ctx, py, "-c", "import importlib.metadata as m; print(m.version('litellm'))").Output(); err == nil {
@@ -87,7 +87,7 @@ func waitHealthy(ctx context.Context, url string, done <-chan struct{}, wait tim
 	for time.Now().Before(deadline) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close() // only the status is wanted
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}

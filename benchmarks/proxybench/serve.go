@@ -57,7 +57,7 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("cpu profile: %w", err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // StopCPUProfile, deferred after, has written the profile by then
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return true, fmt.Errorf("cpu profile: %w", err)
 		}
@@ -71,6 +71,9 @@ func ServeFromEnv(ctx context.Context, stdout io.Writer) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	fmt.Fprintf(stdout, "serving %s\n", f.Addrs().Proxy)
+	if _, err := fmt.Fprintf(stdout, "serving %s\n", f.Addrs().Proxy); err != nil {
+		f.Close()
+		return true, fmt.Errorf("announcing the address: %w", err)
+	}
 	return true, f.Run(ctx)
 }

@@ -57,7 +57,7 @@ func readTiny(t *testing.T, opt Options) *Rollouts {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	ro, err := Read(f, opt)
 	if err != nil {
 		t.Fatal(err)

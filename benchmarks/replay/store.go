@@ -17,7 +17,7 @@ func LoadGroups(dir string) ([]trace.Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening %s: %w", dir, err)
 	}
-	defer st.Close()
+	defer func() { _ = st.Close() }() // read only: a Close error loses nothing
 	gs, err := st.Groups()
 	if err != nil {
 		return nil, fmt.Errorf("listing groups: %w", err)

@@ -95,12 +95,12 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }() // a temporary directory: best effort
 		*work = dir
 	}
 	if *floeBin == "" {
 		*floeBin = filepath.Join(*work, "floe")
-		fmt.Fprintln(stderr, "building floe:", *floeBin)
+		_, _ = fmt.Fprintln(stderr, "building floe:", *floeBin) // progress lines: a closed stderr must not stop a run
 		build := exec.CommandContext(ctx, "go", "build", "-o", *floeBin, "./cmd/floe")
 		build.Stdout, build.Stderr = stderr, stderr
 		if err := build.Run(); err != nil {
@@ -137,9 +137,10 @@ func runCapacity(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	rep.Command = "floe-bench capacity " + strings.Join(flagArgs(fs), " ")
 	rep.Machine = fmt.Sprintf("%s, %d logical CPUs, %s %s/%s; load average (1, 5, 15 min) at the start: %s",
 		cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, loadAverage(load))
-	fmt.Fprint(stdout, rep.Table())
-	fmt.Fprintf(stdout, "\nmarginal memory per open session: %.1f KiB\n\n%s", rep.MarginalBytesPerSession()/1024, rep.FormTable())
-	fmt.Fprintf(stdout, "\nwall time: %.0f s\n", rep.WallSeconds)
+	// The terminal's copy: a write error there must not fail the run.
+	_, _ = fmt.Fprint(stdout, rep.Table())
+	_, _ = fmt.Fprintf(stdout, "\nmarginal memory per open session: %.1f KiB\n\n%s", rep.MarginalBytesPerSession()/1024, rep.FormTable())
+	_, _ = fmt.Fprintf(stdout, "\nwall time: %.0f s\n", rep.WallSeconds)
 	if *out == "" {
 		return nil
 	}

@@ -122,7 +122,7 @@ func defaultPython() string {
 }
 
 func (b *benchE2E) progress(format string, a ...any) {
-	fmt.Fprintf(b.stderr, format+"\n", a...)
+	_, _ = fmt.Fprintf(b.stderr, format+"\n", a...) // progress lines: a closed stderr must not stop a run
 }
 
 func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
@@ -142,7 +142,7 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	if b.keep {
 		b.progress("work folder (kept): %s", work)
 	} else {
-		defer os.RemoveAll(work)
+		defer func() { _ = os.RemoveAll(work) }() // a temporary directory: best effort
 	}
 	b.progress("replaying %d sessions, %d calls (%s) through floe against the reference server", b.sessions, b.calls, corpusDesc)
 	recorded := filepath.Join(work, "recorded")
@@ -184,9 +184,9 @@ func (b *benchE2E) run(ctx context.Context, stdout io.Writer) error {
 	if err := e2e.WriteReport(b.out, runs); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, filepath.Join(b.out, e2e.ReportFile))
+	_, _ = fmt.Fprintln(stdout, filepath.Join(b.out, e2e.ReportFile)) // the terminal's copy: a write error there must not fail the run
 	for _, s := range e2e.Summarize(runs) {
-		fmt.Fprintln(stdout, s.String())
+		_, _ = fmt.Fprintln(stdout, s.String()) // the terminal's copy: a write error there must not fail the run
 	}
 	return nil
 }
@@ -299,7 +299,7 @@ func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	defer func() { _ = logf.Close() }() // the log only: losing its tail on Close must not hide the result
 	cmd := exec.CommandContext(ctx, b.python, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -314,7 +314,7 @@ func (b *benchE2E) runTrainer(ctx context.Context, st batcher.Strategy, location
 	sc := bufio.NewScanner(out)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
-		fmt.Fprintln(logf, sc.Text())
+		_, _ = fmt.Fprintln(logf, sc.Text()) // the log only; the loop must keep draining the pipe
 		if strings.HasPrefix(sc.Text(), "step ") {
 			b.progress("%s: %s (of %d)", st, sc.Text(), steps)
 		}

@@ -66,19 +66,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "replay":
 		err = runReplay(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "floe-bench", cli.Version())
+		_, _ = fmt.Fprintln(stdout, "floe-bench", cli.Version()) // nowhere left to report a failed write to the terminal
 	case "help":
-		fmt.Fprint(stdout, usage)
+		_, _ = fmt.Fprint(stdout, usage) // nowhere left to report a failed write to the terminal
 	default:
 		// No command, or flags only: the packing benchmark (what floe bench was).
 		if cmd != "" && cmd[0] != '-' {
-			fmt.Fprintf(stderr, "floe-bench: unknown command %q\n\n%s", cmd, usage)
+			_, _ = fmt.Fprintf(stderr, "floe-bench: unknown command %q\n\n%s", cmd, usage) // nowhere left to report a failed write to the terminal
 			return 2
 		}
 		err = runPack(ctx, args, stdout, stderr)
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "floe-bench:", err)
+		_, _ = fmt.Fprintln(stderr, "floe-bench:", err) // nowhere left to report a failed write to the terminal
 		return 1
 	}
 	return 0

@@ -43,13 +43,13 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	ccfg := corpus.Default()
 	ccfg.Groups = *groups
 
-	fmt.Fprintf(stderr, "generating corpus: %d groups of %d sessions, seed %d\n", ccfg.Groups, ccfg.GroupSize, *seed)
+	_, _ = fmt.Fprintf(stderr, "generating corpus: %d groups of %d sessions, seed %d\n", ccfg.Groups, ccfg.GroupSize, *seed) // progress lines: a closed stderr must not stop a run
 	start := time.Now()
 	data, cstats, err := corpus.GenerateWithStats(ccfg, *seed)
 	if err != nil {
 		return fmt.Errorf("corpus: %w", err)
 	}
-	fmt.Fprintf(stderr, "corpus ready in %.1fs\n", time.Since(start).Seconds())
+	_, _ = fmt.Fprintf(stderr, "corpus ready in %.1fs\n", time.Since(start).Seconds()) // progress lines: a closed stderr must not stop a run
 	if *statsOut != "" {
 		if err := os.WriteFile(*statsOut, []byte(cstats.Markdown()), 0o644); err != nil {
 			return fmt.Errorf("corpus stats: %w", err)
@@ -60,7 +60,7 @@ func runPack(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	table := rep.Table()
-	fmt.Fprint(stdout, table)
+	_, _ = fmt.Fprint(stdout, table) // the terminal's copy: a write error there must not fail the run
 	if *out != "" {
 		cmd := fmt.Sprintf("floe-bench -seed %d -groups %d -groups-per-step %d -token-budget %d -pad-multiple %d -dp-size %d -advantage %s -repeats %d",
 			*seed, *groups, *perStep, cfg.TokenBudget, cfg.PadMultiple, cfg.DPSize, cfg.Advantage, *repeats)
@@ -85,7 +85,7 @@ func cpuModel() string {
 	if err != nil {
 		return "unknown CPU"
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a Close error loses nothing
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {

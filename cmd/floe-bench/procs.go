@@ -83,7 +83,7 @@ func (b benchProcs) startFloe(ctx context.Context, cfg sidecar.Config, name stri
 		if f.err != nil {
 			b.progress("floe (%s) stopped with: %v", name, f.err)
 		}
-		logf.Close()
+		_ = logf.Close() // the log only: losing its tail on Close must not hide the result
 	}
 	select {
 	case f.addrs = <-addrs:
@@ -115,11 +115,11 @@ func (b benchProcs) startRefServer(ctx context.Context, maxModelLen int) (*refSe
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		logf.Close()
+		_ = logf.Close() // the error above is the one to report
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		logf.Close()
+		_ = logf.Close() // the error above is the one to report
 		return nil, fmt.Errorf("starting the reference server (%s): %w", b.python, err)
 	}
 	stop := func() {
@@ -132,7 +132,7 @@ func (b benchProcs) startRefServer(ctx context.Context, maxModelLen int) (*refSe
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-		logf.Close()
+		_ = logf.Close() // the log only: losing its tail on Close must not hide the result
 	}
 	line := make(chan string, 1)
 	go func() {

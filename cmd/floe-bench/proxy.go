@@ -88,7 +88,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	loadEnd, _ := os.ReadFile("/proc/loadavg")
 	table := rep.Table()
-	fmt.Fprint(stdout, table)
+	_, _ = fmt.Fprint(stdout, table) // the terminal's copy: a write error there must not fail the run
 	if *out != "" {
 		cmd := fmt.Sprintf("floe-bench proxy -request-bytes %s -requests %d -chunks %d -concurrency %d -duration %s -litellm-requests %d -memory %s -max-stored-bytes %d",
 			*sizes, *n, *chunks, *conc, *dur, *llN, *mem, *maxStored)

@@ -94,7 +94,9 @@ func splitList(s string) []string {
 	return out
 }
 
-func (b *benchReplay) progress(format string, a ...any) { fmt.Fprintf(b.stderr, format+"\n", a...) }
+func (b *benchReplay) progress(format string, a ...any) {
+	_, _ = fmt.Fprintf(b.stderr, format+"\n", a...) // progress lines: a closed stderr must not stop a run
+}
 
 func (b *benchReplay) run(ctx context.Context, stdout io.Writer) error {
 	work, err := os.MkdirTemp("", "floe-bench-replay-")
@@ -104,7 +106,7 @@ func (b *benchReplay) run(ctx context.Context, stdout io.Writer) error {
 	if b.keep {
 		b.progress("work folder (kept): %s", work)
 	} else {
-		defer os.RemoveAll(work)
+		defer func() { _ = os.RemoveAll(work) }() // a temporary directory: best effort
 	}
 	procs := benchProcs{work: work, python: b.python, progress: b.progress}
 	ref, err := procs.startRefServer(ctx, b.maxModelLen)
@@ -122,7 +124,7 @@ func (b *benchReplay) run(ctx context.Context, stdout io.Writer) error {
 			if !ok {
 				continue
 			}
-			fmt.Fprintln(stdout, res.Summary().JSON())
+			_, _ = fmt.Fprintln(stdout, res.Summary().JSON()) // the terminal's copy: a write error there must not fail the run
 			results = append(results, res)
 		}
 	}
@@ -147,7 +149,7 @@ func (b *benchReplay) replayFile(ctx context.Context, procs benchProcs, ref *ref
 	if err != nil {
 		return replay.Result{}, false, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a Close error loses nothing
 	var agent string
 	if harness == "auto" {
 		// The agent is on every line; read it from the rollouts themselves.

@@ -68,7 +68,7 @@ func TestReportWritesReportAndSummaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = png.Decode(f)
-		f.Close()
+		_ = f.Close() // read only
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 		}

@@ -109,7 +109,8 @@ func runTRL(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 					return ctx.Err()
 				}
 				res := packTRLSetting(data, b, dp, c, *repeats)
-				fmt.Fprintf(stderr, "floe %s B=%d dp=%d c=%g: %d rows, %d passes/rank, lockstep %.3f, %.3fs %s\n",
+				// A progress line: a closed stderr must not stop a run.
+				_, _ = fmt.Fprintf(stderr, "floe %s B=%d dp=%d c=%g: %d rows, %d passes/rank, lockstep %.3f, %.3fs %s\n",
 					*name, b, dp, c, res.Rows, res.PassesPerRank, res.LockstepImbalance, res.Seconds, res.Error)
 				results = append(results, res)
 			}
@@ -217,7 +218,7 @@ func writeTRLCalls(prefix string, data []trace.Group) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // on an error return; the Close that counts is below
 	var index []trlCall
 	var offset int64
 	var buf []byte
@@ -247,6 +248,9 @@ func writeTRLCalls(prefix string, data []trace.Group) error {
 				offset += int64(len(c.PromptIDs) + len(c.ResponseIDs))
 			}
 		}
+	}
+	if err := f.Close(); err != nil {
+		return err
 	}
 	enc, err := json.Marshal(index)
 	if err != nil {

@@ -88,7 +88,7 @@ func runCorpusServe(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	announce := func(a sidecar.Addrs) {
 		hello, _ := json.Marshal(map[string]any{"flight": a.Flight, "steps": len(steps)})
-		fmt.Fprintln(stdout, string(hello))
+		_, _ = fmt.Fprintln(stdout, string(hello)) // a launcher gone from the pipe ends floe by SIGPIPE (os/signal)
 	}
 	// floe corpus-serve is floe serve with the corpus's steps for its upstream: no proxy,
 	// control API or store.

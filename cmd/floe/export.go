@@ -45,7 +45,7 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("export %s: %w", *dataDir, err)
 	}
-	defer store.Close()
+	defer func() { _ = store.Close() }() // read only: a Close error loses nothing
 	u, err := store.Usage()
 	if err != nil {
 		return err
@@ -81,7 +81,8 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			sessions++
 			if *every > 0 && time.Since(last) >= *every {
 				last = time.Now()
-				fmt.Fprintf(stderr, "floe export: %d of %d calls, %d of %d sessions, %s\n", calls, u.Calls, sessions, u.Sessions,
+				// A progress line: a closed stderr must not stop the export.
+				_, _ = fmt.Fprintf(stderr, "floe export: %d of %d calls, %d of %d sessions, %s\n", calls, u.Calls, sessions, u.Sessions,
 					time.Since(began).Round(time.Second))
 			}
 			return nil
@@ -90,7 +91,8 @@ func runExport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("export %s: %w", *dataDir, err)
 	}
-	fmt.Fprintf(stderr, "floe export: wrote %d calls of %d sessions to %s in %s\n", calls, sessions, path,
+	// The export is written; a closed stderr must not fail it.
+	_, _ = fmt.Fprintf(stderr, "floe export: wrote %d calls of %d sessions to %s in %s\n", calls, sessions, path,
 		time.Since(began).Round(time.Millisecond))
 	return nil
 }

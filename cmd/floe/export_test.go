@@ -12,6 +12,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/archive"
 	"github.com/floe-rl/floe/trace/bolt"
@@ -25,7 +26,7 @@ func exportDataDir(t *testing.T, dir string) map[string][]trace.Call {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	out := map[string][]trace.Call{}
 	for _, sess := range []trace.Session{
 		{ID: "a0", TaskID: "ta", GroupID: "ga"}, {ID: "a1", TaskID: "ta", GroupID: "ga"},
@@ -106,7 +107,7 @@ func TestExportRefusesALockedStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(t, s)
 	var stderr bytes.Buffer
 	code := run(context.Background(), []string{"export", "-data-dir", data, "-out", t.TempDir(), "-lock-timeout", "100ms"}, &bytes.Buffer{}, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "another floe running on this data dir") {

@@ -161,10 +161,10 @@ func TestHostileHarnessTrickledBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }() // a stalled client's connection: its end is not the test
 	// A hang guard only: the answer is due at -client-body-timeout.
 	_ = conn.SetReadDeadline(time.Now().Add(60 * time.Second))
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: floe\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+	_, _ = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: floe\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
 		"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n", hostile, 1<<20)
 	// floe asks for the body (100 Continue) when it starts reading it: the call is
 	// authenticated and admitted to read.

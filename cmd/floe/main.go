@@ -37,7 +37,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		_, _ = fmt.Fprint(stderr, usage) // nowhere left to report a failed write to the terminal
 		return 2
 	}
 	var err error
@@ -51,15 +51,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "export":
 		err = runExport(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "floe", cli.Version())
+		_, _ = fmt.Fprintln(stdout, "floe", cli.Version()) // nowhere left to report a failed write to the terminal
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		_, _ = fmt.Fprint(stdout, usage) // nowhere left to report a failed write to the terminal
 	default:
-		fmt.Fprintf(stderr, "floe: unknown command %q\n\n%s", args[0], usage)
+		_, _ = fmt.Fprintf(stderr, "floe: unknown command %q\n\n%s", args[0], usage) // nowhere left to report a failed write to the terminal
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "floe:", err)
+		_, _ = fmt.Fprintln(stderr, "floe:", err) // nowhere left to report a failed write to the terminal
 		return 1
 	}
 	return 0

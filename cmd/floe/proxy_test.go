@@ -95,7 +95,7 @@ func TestProxyWarnsWithoutControlToken(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { // owned here: ends once ctx is cancelled below
 				done <- runProxy(ctx, []string{"-proxy-addr", "127.0.0.1:0", "-control-addr", "127.0.0.1:0", "-upstream", up.URL}, outW, &stderr)
-				outW.Close()
+				_ = outW.Close() // ends the reader's wait; runProxy's error is the result
 			}()
 			if _, err := bufio.NewReader(outR).ReadString('\n'); err != nil {
 				t.Fatalf("floe proxy announced nothing: %v", err)

@@ -56,7 +56,7 @@ func NewFlagSet(name, doc string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, doc)
+		_, _ = fmt.Fprint(stderr, doc) // nowhere left to report a failed write to the terminal
 		fs.PrintDefaults()
 	}
 	return fs

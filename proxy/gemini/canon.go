@@ -28,10 +28,10 @@ func canonValid(raw []byte) []byte {
 	out := make([]byte, 0, len(raw))
 	for i := 0; i < len(raw); {
 		c := raw[i]
-		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		switch c {
+		case ' ', '\t', '\n', '\r':
 			i++
-		case c == '"':
+		case '"':
 			var n int
 			out, n = appendCanonString(out, raw[i:])
 			i += n
@@ -71,10 +71,10 @@ func appendCanonString(out, s []byte) ([]byte, int) {
 		}
 		out = append(out, s[i:j]...)
 		i = j
-		switch c := s[i]; {
-		case c == '"':
+		switch c := s[i]; c {
+		case '"':
 			return append(out, '"'), i + 1
-		case c == '\\':
+		case '\\':
 			r, n := unescape(s[i:])
 			i += n
 			out = appendCanonRune(out, r)

@@ -708,8 +708,7 @@ func userMessages(c wireContent, turn int, pending []pendingCall) []proxy.ChatMe
 		}
 		parts = append(parts, proxy.ChatPart{Type: "text", Text: fmt.Sprintf("[%s content omitted: only text and images are forwarded]", mime)})
 	}
-	var media func(p part)
-	media = func(p part) {
+	media := func(p part) {
 		switch {
 		case p.InlineData != nil:
 			addMedia(p.InlineData.MimeType, p.InlineData.Data, true)

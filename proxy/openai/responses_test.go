@@ -1041,10 +1041,11 @@ func FuzzResponsesDecode(f *testing.F) {
 		if _, err := json.Marshal(req.Chat); err != nil {
 			t.Fatalf("normalized request does not encode: %v", err)
 		}
-		// The writers cope with whatever was decoded.
-		Responses{}.WriteResponse(httptest.NewRecorder(), req, &proxy.Response{Choices: []proxy.Choice{{Message: proxy.ChatMessage{Role: "assistant", Content: "x"}, FinishReason: proxy.FinishStop}}})
+		// The writers cope with whatever was decoded: they do not panic (an error is an
+		// answer too).
+		_ = Responses{}.WriteResponse(httptest.NewRecorder(), req, &proxy.Response{Choices: []proxy.Choice{{Message: proxy.ChatMessage{Role: "assistant", Content: "x"}, FinishReason: proxy.FinishStop}}})
 		s := Responses{}.NewStream(httptest.NewRecorder(), req)
-		s.Delta(proxy.Delta{Content: "x"})
-		s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{})
+		_ = s.Delta(proxy.Delta{Content: "x"})
+		_ = s.End(proxy.Finish{Reason: proxy.FinishStop}, proxy.Usage{})
 	})
 }

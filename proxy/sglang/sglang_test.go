@@ -547,7 +547,7 @@ func TestSGLangUpstreamRefusingConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := lis.Addr().String()
-	lis.Close() // nothing listens there now
+	_ = lis.Close() // nothing listens there now
 	engine := &Engine{BaseURL: "http://" + addr}
 	store := &mem.Store{}
 	store.AddSession("k", "s")

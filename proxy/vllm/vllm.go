@@ -218,7 +218,7 @@ func (v *Engine) Stream(ctx context.Context, req *proxy.ChatRequest, sink proxy.
 	if err != nil {
 		return nil, v.countPrompt(ctx, req, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	res := &proxy.Result{Upstream: body}
 	var choices []*streamChoice
 	choice := func(i int) *streamChoice {

@@ -27,10 +27,10 @@ func streamingVLLM(t *testing.T, hold chan struct{}) (url string, conns *atomic.
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i, s := range []string{"a", "b"} {
-			fmt.Fprintf(w, `data: {"id":"c","prompt_token_ids":[1,2],"choices":[{"index":0,"delta":{"content":%q},"token_ids":[%d],"logprobs":{"content":[{"logprob":-0.5}]}}]}`+"\n\n", s, 10+i)
+			_, _ = fmt.Fprintf(w, `data: {"id":"c","prompt_token_ids":[1,2],"choices":[{"index":0,"delta":{"content":%q},"token_ids":[%d],"logprobs":{"content":[{"logprob":-0.5}]}}]}`+"\n\n", s, 10+i)
 			w.(http.Flusher).Flush()
 		}
-		fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
+		_, _ = fmt.Fprint(w, `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
 		w.(http.Flusher).Flush()
 		if hold != nil {
 			select {

@@ -135,13 +135,16 @@ func TestWriteStepAgainReplaces(t *testing.T) {
 		t.Fatalf("%d calls after writing the step twice, want 4 (err %v)", len(calls), err)
 	}
 	var names []string
-	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+	err = filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
 		if err == nil && !fi.IsDir() {
 			rel, _ := filepath.Rel(root, p)
 			names = append(names, rel)
 		}
 		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := []string{"calls/step-000042/part-0.parquet", "sessions/step-000042/part-0.parquet", "steps/step-000042/part-0.parquet"}
 	if !reflect.DeepEqual(names, want) {
 		t.Fatalf("files %v, want %v", names, want)

@@ -66,12 +66,12 @@ func readFile(path string, schema *arrow.Schema, mem memory.Allocator) (arrow.Ta
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a Close error loses nothing
 	rdr, err := file.NewParquetReader(f, file.WithReadProps(nil))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	defer rdr.Close()
+	defer func() { _ = rdr.Close() }() // read only, as f
 	fr, err := pqarrow.NewFileReader(rdr, pqarrow.ArrowReadProperties{}, mem)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

@@ -152,12 +152,12 @@ func rowGroups(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	r, err := file.NewParquetReader(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }() // read only
 	return r.NumRowGroups()
 }
 

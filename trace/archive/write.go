@@ -224,7 +224,7 @@ func writeRecord(dir string, b *array.RecordBuilder, mem memory.Allocator) error
 			return err
 		}
 		if err := fw.Write(rec); err != nil {
-			fw.Close()
+			_ = fw.Close() // the Write error is the one to report
 			return err
 		}
 		return fw.Close()
@@ -257,7 +257,7 @@ func WriteFileAtomic(path string, write func(io.Writer) error) error {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp) // best effort: the write error is the one to report, and the next write truncates tmp
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
@@ -289,7 +289,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // opened only to fsync, checked below
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}

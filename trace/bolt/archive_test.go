@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -142,7 +143,7 @@ func TestForgetStep(t *testing.T) {
 	if _, last, err := s.Steps(); err != nil || last != 1 {
 		t.Fatalf("last committed %d %v", last, err)
 	}
-	s.Close()
+	testutil.Close(t, s)
 }
 
 // TestCompactShrinksAndKeeps: after most of the store is forgotten, CompactIfWorth
@@ -153,7 +154,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 		t.Run(fmt.Sprint(mode), func(t *testing.T) {
 			dir := t.TempDir()
 			s := open(t, dir, Options{Commit: mode})
-			defer func() { s.Close() }()
+			defer func() { testutil.Close(t, s) }()
 			rng := rand.New(rand.NewPCG(3, 4))
 			for i := range 20 {
 				fillGroup(t, s, fmt.Sprintf("g%02d", i), 4, 8, rng)
@@ -243,7 +244,7 @@ func TestCompactShrinksAndKeeps(t *testing.T) {
 func TestForgetDroppedGroup(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	rng := rand.New(rand.NewPCG(7, 8))
 	fillGroup(t, s, "gd", 2, 2, rng)
 	kept := fillGroup(t, s, "gk", 2, 2, rng)
@@ -294,7 +295,7 @@ func TestForgetDroppedGroup(t *testing.T) {
 func TestForgottenIDsStayTaken(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	rng := rand.New(rand.NewPCG(3, 4))
 	fillGroup(t, s, "g0", 2, 1, rng)
 	fillGroup(t, s, "gd", 2, 1, rng)
@@ -359,7 +360,7 @@ func TestForgottenIDsStayTaken(t *testing.T) {
 func TestForgetStepGroupByGroup(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	rng := rand.New(rand.NewPCG(5, 6))
 	groups := []string{"ga", "gb", "gc"}
 	for _, g := range groups {
@@ -419,7 +420,7 @@ func TestForgetStepGroupByGroup(t *testing.T) {
 func TestForgottenSessionSaysWhereItWent(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, g := range []string{"g0", "g1", "gd", "glive"} {
 		fillGroup(t, s, g, 2, 1, rng)

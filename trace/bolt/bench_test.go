@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/floe-rl/floe/internal/corpus"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -49,7 +50,7 @@ func BenchmarkRecord(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				dir := b.TempDir()
 				s := open(b, dir, Options{Commit: mode.mode})
-				defer s.Close()
+				defer testutil.Close(b, s)
 				var round atomic.Int64
 				var promptBytes atomic.Int64
 				var calls atomic.Int64
@@ -129,7 +130,7 @@ func BenchmarkResolve(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	defer testutil.Close(b, s)
 	for i := range 1000 {
 		if err := s.CreateSession(trace.Session{ID: fmt.Sprintf("s%d", i), TaskID: "t", GroupID: fmt.Sprintf("g%d", i/8)}, fmt.Sprintf("k%d", i), 8); err != nil {
 			b.Fatal(err)

@@ -107,7 +107,7 @@ func (s *Store) Compact() (trace.Compaction, error) {
 			err = cerr
 		}
 		if err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // best effort: the compaction error is the one to report, and Open removes a leftover
 			return err
 		}
 		s.at("compact-copied")

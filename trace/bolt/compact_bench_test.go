@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -15,7 +16,7 @@ import (
 // go test ./trace/bolt -run '^$' -bench Compact -benchtime 5x
 func BenchmarkCompact(b *testing.B) {
 	s := open(b, b.TempDir(), Options{Commit: CommitUpdate})
-	defer s.Close()
+	defer testutil.Close(b, s)
 	rng := rand.New(rand.NewPCG(1, 1))
 	body := strings.Repeat("x", 96<<10)
 	for i := range 8 {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -73,7 +74,7 @@ func TestCompactCrash(t *testing.T) {
 				}
 			}
 			kept := fillGroup(t, s, "live", 3, 20, rng)
-			s.Close()
+			testutil.Close(t, s)
 
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), compactCrashEnv+"="+dir, compactStageEnv+"="+tt.stage)
@@ -96,14 +97,14 @@ func TestCompactCrash(t *testing.T) {
 					break
 				}
 			}
-			cmd.Process.Signal(syscall.SIGKILL)
-			cmd.Wait()
+			_ = cmd.Process.Signal(syscall.SIGKILL) // it may have died already; Wait reaps it either way
+			_ = cmd.Wait()                          // "signal: killed"
 			if !reached {
 				t.Fatalf("child never reached %q", tt.killAfter)
 			}
 
 			s = open(t, dir, Options{})
-			defer s.Close()
+			defer testutil.Close(t, s)
 			if _, err := os.Stat(s.Path() + compactSuffix); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("compaction copy left after reopening: %v", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/tracetest"
 )
@@ -11,7 +12,7 @@ import (
 // newStore opens an empty store in a fresh directory, closed when the test ends.
 func newStore(t *testing.T) *Store {
 	s := open(t, t.TempDir(), Options{})
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { testutil.Close(t, s) })
 	return s
 }
 
@@ -21,7 +22,7 @@ func restart(t *testing.T, s *Store) *Store {
 		t.Fatal(err)
 	}
 	again := open(t, filepath.Dir(s.Path()), s.opt)
-	t.Cleanup(func() { again.Close() })
+	t.Cleanup(func() { testutil.Close(t, again) })
 	return again
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -166,13 +167,13 @@ func TestCrashDurability(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Wait()
+	_ = cmd.Wait() // "signal: killed"
 	if !steps || n < 300 || !finished["s0"] {
 		t.Fatalf("child stopped early: steps %v, %d calls, finished %v", steps, n, finished)
 	}
 
 	s := open(t, dir, Options{})
-	defer s.Close()
+	defer testutil.Close(t, s)
 	for i := range crashSessions {
 		id := fmt.Sprintf("s%d", i)
 		sess, err := s.Session(id)

@@ -190,13 +190,13 @@ func New(dir string, opt Options) (*Store, error) {
 	if !opt.ReadOnly {
 		// Only now, holding the lock: another floe's compaction in progress is not ours.
 		if err := removeCompactLeftover(path); err != nil {
-			db.Close()
+			_ = db.Close() // the error above is the one to report
 			return nil, err
 		}
 	}
 	budgets, err := initialise(db, dir, path, opt.ReadOnly)
 	if err != nil {
-		db.Close()
+		_ = db.Close() // the error above is the one to report
 		return nil, err
 	}
 	s := &Store{db: db, path: path, opt: opt, cache: map[string]*sessCache{}, oldBudgets: budgets}
@@ -280,7 +280,7 @@ func initialise(db *bolt.DB, dir, path string, readOnly bool) (map[int64]int, er
 // holding anything else is refused.
 func createMeta(tx *bolt.Tx, path string) error {
 	empty := true
-	tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck
+	tx.ForEach(func([]byte, *bolt.Bucket) error { empty = false; return nil }) //nolint:errcheck // the callback returns nil, so ForEach does
 	if !empty {
 		return fmt.Errorf("%w: %s is a bbolt database without floe's meta bucket: not a floe store", ErrFormat, path)
 	}
@@ -393,7 +393,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // opened only to fsync, checked below
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}

@@ -20,6 +20,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/floe-rl/floe/internal/corpus"
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 )
 
@@ -234,7 +235,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/mode%d", name, mode), func(t *testing.T) {
 				dir := t.TempDir()
 				s := open(t, dir, Options{Commit: mode})
-				defer func() { s.Close() }()
+				defer func() { testutil.Close(t, s) }()
 				if err := s.CreateSession(trace.Session{ID: name, TaskID: "task", GroupID: "g"}, "key-"+name, 0); err != nil {
 					t.Fatal(err)
 				}
@@ -292,7 +293,7 @@ func TestCorpusGroups(t *testing.T) {
 	}
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer s.Close()
+	defer testutil.Close(t, s)
 	for _, g := range groups {
 		for _, sess := range g.Sessions {
 			if err := s.CreateSession(trace.Session{ID: sess.ID, TaskID: g.TaskID, GroupID: g.ID}, "k"+sess.ID, 0); err != nil {
@@ -363,7 +364,7 @@ func TestCorpusGroups(t *testing.T) {
 func TestSessionLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	ctx := context.Background()
 	must := func(err error) {
 		t.Helper()
@@ -468,7 +469,7 @@ func TestSessionLifecycle(t *testing.T) {
 func TestSteps(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	for _, g := range []string{"g0", "g1", "g2", "g3", "g4"} {
 		if err := s.CreateSession(trace.Session{ID: g + "-s", TaskID: "t" + g, GroupID: g}, "", 0); err != nil {
 			t.Fatal(err)
@@ -547,7 +548,7 @@ func TestSteps(t *testing.T) {
 func TestGroupTimeout(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	ctx := context.Background()
 	for _, id := range []string{"a", "b", "c"} {
 		if err := s.CreateSession(trace.Session{ID: id, TaskID: "t", GroupID: "g"}, id, 0); err != nil {
@@ -629,7 +630,7 @@ func TestPrefixByReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	if err := s.CreateSession(trace.Session{ID: "s"}, "", 0); err != nil {
 		t.Fatal(err)
 	}
@@ -720,15 +721,18 @@ func TestPrefixByReference(t *testing.T) {
 func TestFormatRefusal(t *testing.T) {
 	t.Run("newer version", func(t *testing.T) {
 		dir := t.TempDir()
-		open(t, dir, Options{}).Close()
+		testutil.Close(t, open(t, dir, Options{}))
 		db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		db.Update(func(tx *bolt.Tx) error {
+		err = db.Update(func(tx *bolt.Tx) error {
 			return tx.Bucket(bMeta).Put(kFormat, binary.BigEndian.AppendUint32(nil, FormatVersion+1))
 		})
-		db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Close(t, db)
 		_, err = New(dir, Options{})
 		if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), fmt.Sprintf("format version %d", FormatVersion+1)) ||
 			!strings.Contains(err.Error(), fmt.Sprintf("reads format version %d", FormatVersion)) {
@@ -741,8 +745,10 @@ func TestFormatRefusal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err })
-		db.Close()
+		if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err }); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Close(t, db)
 		if _, err := New(dir, Options{}); !errors.Is(err, ErrFormat) {
 			t.Fatalf("err = %v", err)
 		}
@@ -750,7 +756,7 @@ func TestFormatRefusal(t *testing.T) {
 	corrupt := map[string]func(valid []byte) []byte{
 		"garbage": func([]byte) []byte {
 			b := make([]byte, 64<<10)
-			rand.NewChaCha8([32]byte{5}).Read(b)
+			_, _ = rand.NewChaCha8([32]byte{5}).Read(b) // never fails (math/rand/v2)
 			return b
 		},
 		"empty":     func([]byte) []byte { return []byte{} },
@@ -765,8 +771,10 @@ func TestFormatRefusal(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			s := open(t, dir, Options{})
-			s.CreateSession(trace.Session{ID: "x"}, "", 0)
-			s.Close()
+			if err := s.CreateSession(trace.Session{ID: "x"}, "", 0); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Close(t, s)
 			path := filepath.Join(dir, FileName)
 			valid, _ := os.ReadFile(path)
 			content := mk(valid)
@@ -787,21 +795,28 @@ func TestFormatRefusal(t *testing.T) {
 	t.Run("corrupt call record", func(t *testing.T) {
 		dir := t.TempDir()
 		s := open(t, dir, Options{})
-		s.CreateSession(trace.Session{ID: "x"}, "", 0)
-		s.Record(context.Background(), &trace.Call{SessionID: "x", PromptIDs: []int32{1, 2, 3}, ResponseIDs: []int32{4}, Logprobs: []float32{-1}})
-		s.db.Update(func(tx *bolt.Tx) error {
+		if err := s.CreateSession(trace.Session{ID: "x"}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Record(context.Background(), &trace.Call{SessionID: "x", PromptIDs: []int32{1, 2, 3}, ResponseIDs: []int32{4}, Logprobs: []float32{-1}}); err != nil {
+			t.Fatal(err)
+		}
+		err := s.db.Update(func(tx *bolt.Tx) error {
 			cb := tx.Bucket(bSessions).Bucket([]byte("x")).Bucket(kCalls)
 			return cb.Put(seqKey(0), []byte{0xff, 0xff, 0xff})
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, err := s.Session("x"); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("err = %v", err)
 		}
-		s.Close()
+		testutil.Close(t, s)
 	})
 	t.Run("locked", func(t *testing.T) {
 		dir := t.TempDir()
 		s := open(t, dir, Options{})
-		defer s.Close()
+		defer testutil.Close(t, s)
 		if _, err := New(dir, Options{LockTimeout: 50 * time.Millisecond}); err == nil || !strings.Contains(err.Error(), "locked") {
 			t.Fatalf("err = %v", err)
 		}
@@ -815,7 +830,7 @@ func TestUsageSeparatesTheRecordedJSON(t *testing.T) {
 	usage := func(withJSON bool) Usage {
 		rng := rand.New(rand.NewPCG(5, 6)) // the same tokens either way
 		s := open(t, t.TempDir(), Options{})
-		defer s.Close()
+		defer testutil.Close(t, s)
 		if err := s.CreateSession(trace.Session{ID: "s"}, "", 0); err != nil {
 			t.Fatal(err)
 		}
@@ -847,7 +862,7 @@ func TestUsageSeparatesTheRecordedJSON(t *testing.T) {
 // running session.
 func TestTimeOutGroupRacesCreateSession(t *testing.T) {
 	s := open(t, t.TempDir(), Options{})
-	defer s.Close()
+	defer testutil.Close(t, s)
 	for i := range 100 {
 		g := fmt.Sprintf("g%03d", i)
 		if err := s.CreateSession(trace.Session{ID: g + "-a", TaskID: "t", GroupID: g}, "", 0); err != nil {
@@ -877,7 +892,7 @@ func TestTimeOutGroupRacesCreateSession(t *testing.T) {
 func TestPolicyVersionSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, Options{})
-	defer func() { s.Close() }()
+	defer func() { testutil.Close(t, s) }()
 	if v, err := s.PolicyVersion(); err != nil || v != 0 {
 		t.Fatalf("a new store's policy version: %d %v", v, err)
 	}

@@ -49,12 +49,12 @@ func NewRecorder(path string) (*Recorder, error) {
 	}
 	r := &Recorder{path: path, f: f, next: map[string]int{}}
 	if err := r.load(); err != nil {
-		f.Close()
+		_ = f.Close() // the load error is the one to report
 		return nil, err
 	}
 	// A new file's directory entry must be durable too, or the first call is not.
 	if err := syncDir(filepath.Dir(path)); err != nil {
-		f.Close()
+		_ = f.Close() // the sync error is the one to report
 		return nil, fmt.Errorf("recorded calls %s: %w", path, err)
 	}
 	return r, nil
@@ -179,7 +179,7 @@ func ReadCalls(path string) ([]trace.Call, error) {
 	if err != nil {
 		return nil, fmt.Errorf("recorded calls: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a Close error loses nothing
 	var calls []trace.Call
 	err = scan(f, path, func(c *trace.Call) error {
 		calls = append(calls, *c)
@@ -271,6 +271,6 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // opened only to fsync, checked below
 	return d.Sync()
 }

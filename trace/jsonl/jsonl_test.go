@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floe-rl/floe/internal/testutil"
 	"github.com/floe-rl/floe/trace"
 	"github.com/floe-rl/floe/trace/tracetest"
 )
@@ -21,7 +23,7 @@ func newRecorder(t *testing.T, path string) *Recorder {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() { testutil.Close(t, r) })
 	return r
 }
 
@@ -166,7 +168,7 @@ func TestRecorderOpensExistingFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer r.Close()
+			defer testutil.Close(t, r)
 			c := &trace.Call{SessionID: "s", PromptIDs: []int32{1}, ResponseIDs: []int32{2}, Logprobs: []float32{-1}}
 			if err := r.Record(context.Background(), c); err != nil || c.Index != 5 {
 				t.Fatalf("Record: index %d %v, want 5 (after the file's index 4)", c.Index, err)
@@ -181,12 +183,12 @@ func TestRecorderOpensExistingFile(t *testing.T) {
 
 func ExampleRecorder() {
 	dir, _ := os.MkdirTemp("", "jsonl")
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }() // a temporary directory: best effort
 	r, err := NewRecorder(filepath.Join(dir, "calls.jsonl"))
 	if err != nil {
 		panic(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }() // Record fsynced the line
 	started := time.Date(2026, 12, 1, 19, 45, 0, 0, time.UTC)
 	c := &trace.Call{
 		SessionID: "sess-3f2a9c1d", Choice: 0, PromptIDs: []int32{151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30},
@@ -201,7 +203,7 @@ func ExampleRecorder() {
 		panic(err)
 	}
 	line, _ := os.ReadFile(r.Path())
-	os.Stdout.Write(line)
+	fmt.Print(string(line))
 	// Output:
 	// {"session_id":"sess-3f2a9c1d","index":0,"choice":0,"prompt_ids":[151644,872,198,3838,374,220,17,10,17,30],"response_ids":[19,151645],"logprobs":[-0.0123,-0.0005],"finish_reason":"stop","policy_version":3,"trainable":true,"api":"openai_chat","started":"2026-12-01T19:45:00Z","finished":"2026-12-01T19:45:00.182Z","upstream_latency_ns":171000000,"request":{"model":"m","messages":[{"role":"user","content":"What is 2+2?"}]},"upstream_request":{"model":"m","prompt":[151644,872,198,3838,374,220,17,10,17,30],"logprobs":0},"response":{"role":"assistant","content":"4"}}
 }

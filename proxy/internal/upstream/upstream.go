@@ -151,7 +151,7 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 }
 
 func (b *watchedBody) Close() error {
-	b.w.stop()
+	_ = b.w.stop() // Read reports a timeout; Close only ends the watch
 	err := b.ReadCloser.Close()
 	b.cancel(nil)
 	return err
@@ -258,9 +258,9 @@ func PostJSON(ctx context.Context, c *http.Client, baseURL, path string, body []
 	}
 	if resp.StatusCode >= 300 {
 		defer cancel(nil)
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 		if wd != nil {
-			defer wd.stop()
+			defer func() { _ = wd.stop() }() // the status is the error here, not a timeout
 		}
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return nil, mapErr(resp.StatusCode, msg)
@@ -438,7 +438,7 @@ func Complete(ctx context.Context, post func(context.Context, string, []byte) (*
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	raw, err := io.ReadAll(resp.Body)
 	if err == nil {
 		err = gojson.Unmarshal(raw, out)
@@ -463,7 +463,7 @@ func TokenCount(ctx context.Context, c *http.Client, baseURL, path string, body 
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	var out struct {
 		Count *int `json:"count"`
 	}
@@ -488,7 +488,7 @@ func ListModels(ctx context.Context, c *http.Client, baseURL string, mapErr func
 		}
 		return nil, unreachable(baseURL, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body is read or abandoned; its Close error changes nothing
 	if resp.StatusCode >= 300 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		return nil, mapErr(resp.StatusCode, msg)
