@@ -54,7 +54,9 @@ def _describe(root: str | os.PathLike[str]) -> str:
     """The checkout's ``git describe --always --dirty``, so that a built floe names the
     commit it came from; "(devel)" outside a git checkout."""
     try:
-        r = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
+        r = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True
+        )
     except FileNotFoundError:
         return "(devel)"
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "(devel)"
@@ -74,7 +76,8 @@ def build_floe(out_dir: str | os.PathLike[str], root: str | os.PathLike[str], go
         out = Path(out_dir) / "floe"
         try:
             r = subprocess.run(
-                [go, "build", "-ldflags", f"-X {VERSION_VAR}={_describe(root)}", "-o", str(out), "./cmd/floe"],
+                [go, "build", "-ldflags", f"-X {VERSION_VAR}={_describe(root)}", "-o", str(out),
+                 "./cmd/floe"],
                 cwd=root, capture_output=True, text=True,
             )
         except FileNotFoundError as e:

@@ -34,9 +34,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -61,6 +61,10 @@ __all__ = [
     "TREE_ATTENTION",
     "mask_other_temperatures",
 ]
+
+if TYPE_CHECKING:
+    # built on first use by the module's __getattr__ (below)
+    FloeAsyncGRPOTrainer: type[Any]
 
 #: TRL's attention name (``trl.experimental.async_grpo.packing.TREE_ATTENTION``).
 TREE_ATTENTION = "tree_fa3"
@@ -171,7 +175,9 @@ def to_trl_tree(mb: MicroBatch) -> dict[str, Any]:
     paths: list[list[int]] = []
     terms: list[tuple[int, int]] = []  # (packed position of the predecessor, row)
     seen: set[int] = set()
-    stack: list[tuple[tuple[int, list[Any]], int | None, int | None]] = [(node, None, None) for node in reversed(top)]
+    stack: list[tuple[tuple[int, list[Any]], int | None, int | None]] = [
+        (node, None, None) for node in reversed(top)
+    ]
     while stack:
         node, parent_seg, parent_pos = stack.pop()
         seg = len(paths)
@@ -191,7 +197,9 @@ def to_trl_tree(mb: MicroBatch) -> dict[str, Any]:
                 break
             node = kids[0]
         offsets.append(len(input_ids))
-        paths.append((paths[parent_seg] if parent_seg is not None else []) + list(range(start, len(input_ids))))
+        paths.append(
+            (paths[parent_seg] if parent_seg is not None else []) + list(range(start, len(input_ids)))
+        )
         kv_index.extend(paths[-1])
         cu_k.append(len(kv_index))
         stack.extend((kid, seg, prev) for kid in reversed(kids))
@@ -229,7 +237,10 @@ def tree_terms(packed: dict[str, Any]) -> list[tuple[tuple[int, ...], int, float
     seg_of = np.searchsorted(np.asarray(cq), np.arange(len(ids)), side="right") - 1
     out = []
     for p, lp, adv in zip(
-        packed["token_index"].tolist(), packed["old_log_probs"].tolist(), packed["advantages"].tolist(), strict=True
+        packed["token_index"].tolist(),
+        packed["old_log_probs"].tolist(),
+        packed["advantages"].tolist(),
+        strict=True,
     ):
         s = int(seg_of[p])
         end = ck[s + 1] - (cq[s + 1] - 1 - p)
@@ -283,7 +294,11 @@ def cpu_tree_attention(
         if sliding_window:
             mask &= j > i + (lk - lq) - sliding_window
         o = F.scaled_dot_product_attention(
-            qs.transpose(0, 1), ks.transpose(0, 1), v[ck[s]:ck[s + 1]].transpose(0, 1), attn_mask=mask, scale=scaling
+            qs.transpose(0, 1),
+            ks.transpose(0, 1),
+            v[ck[s] : ck[s + 1]].transpose(0, 1),
+            attn_mask=mask,
+            scale=scaling,
         )
         out[cq[s]:cq[s + 1]] = o.transpose(0, 1)
     return out.unsqueeze(0), None
@@ -313,20 +328,21 @@ def use_cpu_tree_attention() -> None:
     MFU metric) off CUDA. Nothing else of TRL changes; the loss is TRL's."""
     import torch
     from trl.experimental.async_grpo import async_grpo_trainer as agt
+    from trl.trainer.utils import get_peak_flops_per_device
 
     register_cpu_tree_attention()
-    agt.register_tree_attention = register_cpu_tree_attention
-    orig = agt.get_peak_flops_per_device
-    if getattr(orig, "_floe_cpu", False):
-        return
+    # the trainer module's own bindings (imported there, not exported): rebinding them is the patch
+    names = vars(agt)
+    names["register_tree_attention"] = register_cpu_tree_attention
+    if names["get_peak_flops_per_device"] is not get_peak_flops_per_device:
+        return  # patched already
 
-    def peak_flops(accelerator: Any, dtype: str) -> float | None:
+    def peak_flops(accelerator: Any, dtype: str) -> float | None:  # accelerate has no types
         if accelerator.device.type != "cuda" or not torch.cuda.is_available():
             return None
-        return orig(accelerator, dtype)  # type: ignore[no-any-return]
+        return get_peak_flops_per_device(accelerator, dtype)
 
-    peak_flops._floe_cpu = True  # type: ignore[attr-defined]
-    agt.get_peak_flops_per_device = peak_flops
+    names["get_peak_flops_per_device"] = peak_flops
 
 
 # --- the rollout worker ------------------------------------------------------------------
@@ -497,8 +513,11 @@ class FloeRolloutWorker:
         """Read one step (all ranks) and build its samples; (step, samples, metrics)."""
         t0 = time.monotonic()
         info = self._client.step_info(step_no, timeout=self._timeout)
-        mbs = [mask_other_temperatures(mb, self.temperature, info.step)
-               for r in range(info.num_ranks) for mb in self._client.read_step(info.step, rank=r).micro_batches]
+        mbs = [
+            mask_other_temperatures(mb, self.temperature, info.step)
+            for r in range(info.num_ranks)
+            for mb in self._client.read_step(info.step, rank=r).micro_batches
+        ]
         table = self._client.read_samples(info).to_pydict()
         wait = time.monotonic() - t0
         by_idx = {int(i): k for k, i in enumerate(table["sample_idx"])}
@@ -732,7 +751,7 @@ class _FloeStepSource:
 
 
 def _trainer_base() -> Any:
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
     return AsyncGRPOTrainer
 
@@ -757,15 +776,20 @@ class _FloeBatches:
             except StepNotFound:
                 return
             n = info.step + 1  # read ahead by the dataloader: the step is not committed yet
-            steps = [client.read_step(info.step, rank=r, timeout=t.floe_timeout) for r in range(info.num_ranks)]
+            steps = [
+                client.read_step(info.step, rank=r, timeout=t.floe_timeout) for r in range(info.num_ranks)
+            ]
             if info.num_ranks != world or info.micro_batches_per_rank != ga:
                 raise FloeError(
-                    f"floe step {info.step} has {info.num_ranks} ranks x {info.micro_batches_per_rank} micro-batches; "
-                    f"this trainer runs {world} processes x gradient_accumulation_steps={ga}: start floe with "
+                    f"floe step {info.step} has {info.num_ranks} ranks x {info.micro_batches_per_rank} "
+                    f"micro-batches; this trainer runs {world} processes x gradient_accumulation_steps={ga}: "
+                    "start floe with "
                     f"-dp-size {world} and a token budget that forms {ga} micro-batch(es) per rank"
                 )
-            mbs = [[mask_other_temperatures(mb, float(t.args.temperature), info.step) for mb in s.micro_batches]
-                   for s in steps]
+            mbs = [
+                [mask_other_temperatures(mb, float(t.args.temperature), info.step) for mb in s.micro_batches]
+                for s in steps
+            ]
             t.floe_wait_s += time.monotonic() - t0
             # TRL divides each micro-batch's term sum by global_n_tokens / world_size and by the
             # accumulation steps; L / ga makes the step's loss floe's token-mean over the step.
@@ -804,22 +828,28 @@ def _make_trainer_class() -> Any:
         ) -> None:
             from datasets import Dataset
 
-            self.floe_client = FloeClient(flight_uri, floe_token, rank=0, world_size=None, timeout=floe_timeout)
+            self.floe_client = FloeClient(
+                flight_uri, floe_token, rank=0, world_size=None, timeout=floe_timeout
+            )
             self.floe_timeout = floe_timeout
             self.floe_wait_s = 0.0
             self.floe_pending: list[int] = []  # floe steps handed to the dataloader, in order
             self.floe_committed: list[int] = []
             if weight_transfer is None:
                 weight_transfer = FloeWeightTransfer(NoWeightTransfer(), flight_uri, floe_token)
-            kwargs.setdefault("train_dataset", Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]]}))
-            super().__init__(model, rollout_worker=_FloeStepSource(), weight_transfer=weight_transfer, **kwargs)
+            kwargs.setdefault(
+                "train_dataset", Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]]})
+            )
+            super().__init__(
+                model, rollout_worker=_FloeStepSource(), weight_transfer=weight_transfer, **kwargs
+            )
             if cpu_tree_attention:
                 register_cpu_tree_attention()
             from transformers import TrainerCallback
 
             trainer = self
 
-            class _Commit(TrainerCallback):  # type: ignore[misc]
+            class _Commit(TrainerCallback):
                 def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
                     # the optimizer step just taken trained the oldest floe step handed out
                     if trainer.floe_pending and trainer.accelerator.is_main_process:
@@ -832,7 +862,7 @@ def _make_trainer_class() -> Any:
         def get_train_dataloader(self) -> Any:
             from torch.utils.data import DataLoader, IterableDataset
 
-            class _DS(IterableDataset):  # type: ignore[misc, type-arg]
+            class _DS(IterableDataset[dict[str, Any]]):
                 def __init__(self, it: Any) -> None:
                     self.it = it
 
@@ -840,7 +870,7 @@ def _make_trainer_class() -> Any:
                     return iter(self.it)
 
             self._rollout_dataset = _Wait(self)
-            src = _FloeBatches(self) if self.accelerator.is_main_process else []
+            src: Iterable[dict[str, Any]] = _FloeBatches(self) if self.accelerator.is_main_process else []
             return self.accelerator.prepare(
                 DataLoader(_DS(src), batch_size=1, collate_fn=lambda xs: xs[0], num_workers=0)
             )
