@@ -89,7 +89,7 @@ def test_a_step_without_samples_is_committed_once() -> None:
     error surfaced inside TRL's data loop)."""
     floe = ScriptedFloe(3)
     worker = FloeRolloutWorker("grpc://unused", client=floe)  # type: ignore[arg-type]
-    buf = worker.rollout_buffer
+    buf = worker.step_buffer
     buf.expect(0, 0)
     assert floe.commits == [0]
     buf.expect(1, 1)
