@@ -25,12 +25,18 @@ FUZZTIME ?= 60s
 
 VENV     := .venv
 VPY      := $(VENV)/bin/python
-# Re-run the install of the bridge and the reference server only when a pyproject changes.
+# Re-run the install of the bridge and the reference server only when a pyproject or the
+# lock changes.
 STAMP    := $(VENV)/.floe-python-installed
 # make demo's part of it (below): only what the demo runs.
 DEMO_STAMP := $(VENV)/.floe-demo-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
+# The versions uv.lock holds (the uv workspace in the root pyproject.toml), as a constraints
+# file: every install below takes them, whichever extras it asks for. uv is pinned to the
+# version that wrote the lock.
+UV_VERSION  := 0.13.9
+CONSTRAINTS := $(VENV)/.floe-constraints.txt
 
 .PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm test-verl go-deps venv lint-py bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
 
@@ -57,17 +63,20 @@ $(VPY):
 # make demo installs only what the demo runs (torch, transformers, pyarrow, the openai
 # SDK); the tests' extras (trl, ray, duckdb, pandas, datasets, the other SDKs) come on top
 # for make test. uv prints nothing while it downloads when not on a terminal, so each
-# step says what it is about to do.
-$(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
-	@echo "== installing uv into $(VENV)"
-	$(VPY) -m pip install --quiet --upgrade uv
+# step says what it is about to do. uv export --locked fails when uv.lock is stale against
+# a pyproject: run uv lock (the venv's uv) and commit uv.lock.
+$(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml pyproject.toml uv.lock | $(VPY)
+	@echo "== installing uv $(UV_VERSION) into $(VENV)"
+	$(VPY) -m pip install --quiet 'uv==$(UV_VERSION)'
+	@echo "== the locked versions (uv.lock) into $(CONSTRAINTS)"
+	$(VENV)/bin/uv export --locked --no-hashes --all-extras --all-packages --no-emit-workspace --no-header --quiet -o $(CONSTRAINTS)
 	@echo "== installing the demo's packages into $(VENV): torch (PyPI's Linux wheel is the CUDA build: about 3 GB to download, 5.6 GB installed; minutes when cold), transformers, pyarrow, openai"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
 	touch $@
 
 $(STAMP): $(DEMO_STAMP)
 	@echo "== installing the tests' extras into $(VENV): trl, ray, duckdb, pandas, datasets, the anthropic and google-genai SDKs, ruff, mypy"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl,ray,lint]' -e '$(REFSERVER)[demo,test]'
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch,test,trl,ray,lint]' -e '$(REFSERVER)[demo,test]'
 	touch $@
 
 venv: $(STAMP)
@@ -113,7 +122,7 @@ LEARN_FLAGS ?=
 
 $(LEARN_STAMP): $(DEMO_STAMP) $(BRIDGE)/pyproject.toml
 	@echo "== installing make learn's plotting package (matplotlib) into $(VENV)"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,learn]'
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch,learn]'
 	touch $@
 
 learn: $(LEARN_STAMP)
