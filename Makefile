@@ -3,7 +3,7 @@
 #   make test    set up a fresh machine (Go modules, Python venv) and run every test
 #   make test-vllm  floe against a real vLLM (CPU build) serving SmolLM2 (docs/vllm.md)
 #   make test-verl  floe_bridge.verl's agent-loop manager against verl 0.9.1 from PyPI, CPU (docs/verl.md)
-#   make lint    gofmt check + go vet + golangci-lint (.golangci.yml)
+#   make lint    gofmt check + go vet + golangci-lint (.golangci.yml); ruff and mypy strict on the Python (make lint-py)
 #   make bench   Go benchmarks (batcher, benchmarks/...), one core
 #   make bench-report  regenerate benchmarks/results/packing/REPORT.md and the corpus stats
 #   make bench-flight  regenerate benchmarks/results/flight/REPORT.md
@@ -25,14 +25,20 @@ FUZZTIME ?= 60s
 
 VENV     := .venv
 VPY      := $(VENV)/bin/python
-# Re-run the install of the bridge and the reference server only when a pyproject changes.
+# Re-run the install of the bridge and the reference server only when a pyproject or the
+# lock changes.
 STAMP    := $(VENV)/.floe-python-installed
 # make demo's part of it (below): only what the demo runs.
 DEMO_STAMP := $(VENV)/.floe-demo-installed
 BRIDGE   := trainer-bridge
 REFSERVER := refserver
+# The versions uv.lock holds (the uv workspace in the root pyproject.toml), as a constraints
+# file: every install below takes them, whichever extras it asks for. uv is pinned to the
+# version that wrote the lock.
+UV_VERSION  := 0.13.9
+CONSTRAINTS := $(VENV)/.floe-constraints.txt
 
-.PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm test-verl go-deps venv bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
+.PHONY: all demo learn test test-go test-py test-harness test-demo test-vllm test-verl go-deps venv lint-py bench bench-report bench-flight bench-proxy bench-proxy-litellm bench-capacity bench-trl bench-e2e bench-e2e-gpu bench-replay test-replay gpu-bundle lint fuzz clean
 
 all: test
 
@@ -57,17 +63,20 @@ $(VPY):
 # make demo installs only what the demo runs (torch, transformers, pyarrow, the openai
 # SDK); the tests' extras (trl, ray, duckdb, pandas, datasets, the other SDKs) come on top
 # for make test. uv prints nothing while it downloads when not on a terminal, so each
-# step says what it is about to do.
-$(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml | $(VPY)
-	@echo "== installing uv into $(VENV)"
-	$(VPY) -m pip install --quiet --upgrade uv
+# step says what it is about to do. uv export --locked fails when uv.lock is stale against
+# a pyproject: run uv lock (the venv's uv) and commit uv.lock.
+$(DEMO_STAMP): $(BRIDGE)/pyproject.toml $(REFSERVER)/pyproject.toml pyproject.toml uv.lock | $(VPY)
+	@echo "== installing uv $(UV_VERSION) into $(VENV)"
+	$(VPY) -m pip install --quiet 'uv==$(UV_VERSION)'
+	@echo "== the locked versions (uv.lock) into $(CONSTRAINTS)"
+	$(VENV)/bin/uv export --locked --no-hashes --all-extras --all-packages --no-emit-workspace --no-header --quiet -o $(CONSTRAINTS)
 	@echo "== installing the demo's packages into $(VENV): torch (PyPI's Linux wheel is the CUDA build: about 3 GB to download, 5.6 GB installed; minutes when cold), transformers, pyarrow, openai"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch]' -e '$(REFSERVER)[demo]'
 	touch $@
 
 $(STAMP): $(DEMO_STAMP)
-	@echo "== installing the tests' extras into $(VENV): trl, ray, duckdb, pandas, datasets, the anthropic and google-genai SDKs"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,test,trl,ray]' -e '$(REFSERVER)[demo,test]'
+	@echo "== installing the tests' extras into $(VENV): trl, ray, duckdb, pandas, datasets, the anthropic and google-genai SDKs, ruff, mypy"
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch,test,trl,ray,lint]' -e '$(REFSERVER)[demo,test]'
 	touch $@
 
 venv: $(STAMP)
@@ -113,7 +122,7 @@ LEARN_FLAGS ?=
 
 $(LEARN_STAMP): $(DEMO_STAMP) $(BRIDGE)/pyproject.toml
 	@echo "== installing make learn's plotting package (matplotlib) into $(VENV)"
-	$(VENV)/bin/uv pip install --python $(VPY) -e '$(BRIDGE)[torch,learn]'
+	$(VENV)/bin/uv pip install --python $(VPY) -c $(CONSTRAINTS) -e '$(BRIDGE)[torch,learn]'
 	touch $@
 
 learn: $(LEARN_STAMP)
@@ -126,10 +135,13 @@ learn: $(LEARN_STAMP)
 # verl caps transformers below the main venv's. The bridge and the reference server are
 # installed editable from this checkout. The test runs floe serve in front of the reference
 # server and checks the DataProto floe_bridge.verl builds against floe's record (docs/verl.md).
+# mypy strict checks floe_bridge.verl here, against verl's own types (make lint cannot: the
+# main venv has no verl).
 VERL_VENV := .venv-verl
 
 test-verl:
 	bash verl-tests/install.sh
+	cd $(BRIDGE) && MYPYPATH=src ../$(VERL_VENV)/bin/mypy src/floe_bridge/verl.py
 	$(VERL_VENV)/bin/python -m pytest verl-tests -q -s -c verl-tests/pytest.ini
 
 # --- Quality, benchmarks, fuzzing -----------------------------------------
@@ -148,6 +160,24 @@ lint:
 	fi
 	$(GO) vet ./...
 	$(GOLANGCI_LINT) run ./...
+
+# --- Python lint ---------------------------------------------------------------
+# ruff on every tracked Python file (each directory's nearest config: the packages'
+# pyprojects, learn/, vllm-tests/ and verl-tests/'s ruff.toml, the root pyproject for the
+# rest), mypy strict on the two packages, learn/ and the vLLM suite. mypy reads the venv's
+# torch, transformers, trl and ray, so it needs the tests' venv. floe_bridge.verl is checked
+# against verl itself in .venv-verl by make test-verl (verl-tests/install.sh installs mypy
+# there), and verl-tests/ is ruff-checked only: mypy on it needs verl.
+MYPY := $(abspath $(VENV))/bin/mypy
+
+lint: lint-py
+
+lint-py: $(STAMP)
+	$(VENV)/bin/ruff check .
+	cd $(BRIDGE) && $(MYPY) src
+	cd $(REFSERVER) && $(MYPY) src
+	$(MYPY) --config-file learn/mypy.ini learn
+	$(MYPY) --config-file vllm-tests/mypy.ini vllm-tests
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -cpu 1 ./batcher/ ./benchmarks/...

@@ -35,7 +35,9 @@ TOOLS: list[dict[str, Any]] = [
             "description": "List the entries of a directory of the repository (directories end with /).",
             "parameters": {
                 "type": "object",
-                "properties": {"path": {"type": "string", "description": "directory, relative to the repo root"}},
+                "properties": {
+                    "path": {"type": "string", "description": "directory, relative to the repo root"}
+                },
                 "required": ["path"],
             },
         },
@@ -164,7 +166,11 @@ def plan(task: Task, g: int, s: int) -> tuple[list[dict[str, Any]], bool]:
     elif variant == 1:  # straight to it: 3 calls
         steps = [[_call("list_dir", ".")], [_call("read_file", task.decoy if wrong else task.file)]]
     elif variant == 2:  # reads the decoy and trusts it: 4 calls
-        steps = [[_call("list_dir", ".")], [_call("read_file", "README.md")], [_call("read_file", task.decoy)]]
+        steps = [
+            [_call("list_dir", ".")],
+            [_call("read_file", "README.md")],
+            [_call("read_file", task.decoy)],
+        ]
     else:  # two tools at once, then more: 5 calls
         steps = [
             [_call("list_dir", "."), _call("read_file", "README.md")],
@@ -226,7 +232,11 @@ def _complete(client: Any, messages: list[dict[str, Any]], stream: bool) -> tupl
         r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=256)
         msg = r.choices[0].message
         calls = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments},
+            }
             for c in msg.tool_calls or []
         ]
         return msg.content or "", calls
@@ -241,7 +251,9 @@ def _complete(client: Any, messages: list[dict[str, Any]], stream: bool) -> tupl
         if delta.content:
             content.append(delta.content)
         for tc in delta.tool_calls or []:
-            a = acc.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            a = acc.setdefault(
+                tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            )
             if tc.id:
                 a["id"] = tc.id
             if tc.function is not None:
@@ -266,7 +278,9 @@ def run_session(
         o["match"] = {"contains": tag}
     post_json(f"{refserver}/script", {"outputs": outputs})
 
-    client = openai.OpenAI(base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=60)
+    client = openai.OpenAI(
+        base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=60
+    )
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"{task.question}\n\nTicket {tag}"},
@@ -289,7 +303,11 @@ def run_session(
                 except ValueError:
                     args = {}
                 messages.append(
-                    {"role": "tool", "tool_call_id": tc["id"], "content": run_tool(repo, tc["function"]["name"], args)}
+                    {
+                        "role": "tool",
+                        "tool_call_id": tc["id"],
+                        "content": run_tool(repo, tc["function"]["name"], args),
+                    }
                 )
         else:
             status = "timeout"
@@ -306,7 +324,9 @@ def run_group(
     control: str, refserver: str, repo: str, g: int, progress: Progress, pool: ThreadPoolExecutor
 ) -> list[SessionResult]:
     task = TASKS[g % len(TASKS)]
-    futs = [pool.submit(run_session, control, refserver, repo, task, g, s, progress) for s in range(GROUP_SIZE)]
+    futs = [
+        pool.submit(run_session, control, refserver, repo, task, g, s, progress) for s in range(GROUP_SIZE)
+    ]
     results = [f.result() for f in futs]
     with progress.lock:
         progress.groups_done += 1

@@ -42,6 +42,7 @@ from typing import IO, Any, TypeVar
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+
 from floe_stack import Child, Stack, build_floe, refserver_argv
 
 T = TypeVar("T")

@@ -23,7 +23,9 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--location", default="-", help="floe Flight location; - reads it from stdin (after start-up)")
+    p.add_argument(
+        "--location", default="-", help="floe Flight location; - reads it from stdin (after start-up)"
+    )
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--token-budget", type=int, required=True, help="floe -token-budget (for the fill)")
     p.add_argument("--lr", type=float, default=3e-4)
@@ -33,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
-    from floe_refserver.model import build_model
-    from floe_refserver.tokenizer import load_tokenizer
 
     from floe_bridge.client import FloeClient
     from floe_bridge.recipe import train_step
+    from floe_refserver.model import build_model
+    from floe_refserver.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
     model = build_model(len(load_tokenizer()), seed=args.seed)

@@ -110,8 +110,9 @@ def check(model: Any, step: Any, control: str) -> dict[str, Any]:
     g_ref = _grads(model)
     model.zero_grad(set_to_none=True)
 
-    diff = torch.sqrt(sum(((a.double() - b.double()) ** 2).sum() for a, b in zip(g_floe, g_ref, strict=True)))
-    norm = torch.sqrt(sum((b.double() ** 2).sum() for b in g_ref))
+    diff = torch.stack([((a.double() - b.double()) ** 2).sum() for a, b in zip(g_floe, g_ref, strict=True)])
+    diff = diff.sum().sqrt()
+    norm = torch.stack([(b.double() ** 2).sum() for b in g_ref]).sum().sqrt()
     return {
         "calls": len(calls),
         "loss_tokens": step.loss_tokens_global,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import task
 
@@ -39,7 +40,7 @@ def run_episode(
     seed: int | None = None,
     max_tokens: int = MAX_TOKENS,
 ) -> Episode:
-    messages: list[dict[str, str]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": task.SYSTEM},
         *task.DEMO,
         {"role": "user", "content": problem.question},
@@ -49,14 +50,14 @@ def run_episode(
         messages=messages,
         temperature=temperature,
         max_tokens=max_tokens,
-        seed=seed,  # type: ignore[arg-type]
+        seed=seed,
     )
     text1 = first.choices[0].message.content or ""
     env = task.calculate(text1)
     messages += [{"role": "assistant", "content": text1}, {"role": "user", "content": env}]
     second = client.chat.completions.create(
         model=model,
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         temperature=temperature,
         max_tokens=max_tokens,
         seed=None if seed is None else seed + 1,

@@ -94,7 +94,8 @@ def plots(out: Path, lines: list[dict[str, Any]], strategies: list[str]) -> None
 
 def _rows_per_mb(lines: list[dict[str, Any]], strategy: str) -> float:
     rs = [r for r in lines if r["strategy"] == strategy and r["micro_batches"] > 0]
-    return sum(r["real_rows"] for r in rs) / max(sum(r["micro_batches"] for r in rs), 1)
+    rows = sum(int(r["real_rows"]) for r in rs)
+    return rows / max(sum(int(r["micro_batches"]) for r in rs), 1)
 
 
 def _f(x: float | None, nd: int = 3) -> str:

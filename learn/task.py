@@ -27,6 +27,10 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 SYSTEM = (
     "You are a math assistant with a calculator. To use it, reply with one line: "
@@ -35,7 +39,7 @@ SYSTEM = (
 )
 
 #: the worked exchange every episode starts with, after the system prompt
-DEMO: list[dict[str, str]] = [
+DEMO: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is 21 * 43?"},
     {"role": "assistant", "content": "CALC: 21 * 43"},
     {"role": "user", "content": "RESULT: 903"},

@@ -31,6 +31,7 @@ from vllmstack import REPO, SERVED, Floe, http_json, model_dir
 sys.path.insert(0, str(REPO / "learn"))
 
 import equivalence  # noqa: E402
+import harness  # noqa: E402
 import loop  # noqa: E402
 import run as learn_run  # noqa: E402
 
@@ -112,7 +113,7 @@ def test_two_steps_learn_through_floe(
     # the loss and gradient from the step's samples, whatever their rewards, so the
     # training episodes' rewards alternate 1, 0 in the order they finish: every step's
     # group holds two of each. Held-out evaluation keeps the task's own reward.
-    real_episode = loop.harness.run_episode
+    real_episode = harness.run_episode
     finished = itertools.count()
     lock = threading.Lock()
 
@@ -124,7 +125,7 @@ def test_two_steps_learn_through_floe(
             n = next(finished)
         return dataclasses.replace(ep, reward=float(n % 2 == 0))
 
-    monkeypatch.setattr(loop.harness, "run_episode", episode)
+    monkeypatch.setattr(harness, "run_episode", episode)
     lines: list[loop.StepLine] = []
     sync = tmp_path / "weights"
     sync.mkdir()

@@ -7,7 +7,6 @@ runs as a child process from .venv-vllm (vllm-tests/install.sh). Standard librar
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import os
@@ -27,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import floe_stack
+from floe_bridge import launch
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -153,16 +153,6 @@ def vllm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _pdeathsig() -> None:
-    # In the child before exec: a signal mask is inherited across exec, and vLLM must get
-    # SIGTERM to stop, whatever its parent blocks.
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def tail(path: Path, n: int = 40) -> str:
     try:
         return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-n:])
@@ -222,15 +212,7 @@ def start_vllm(
     argv = argv or vllm_argv(model, port)
     log(f"starting vLLM on 127.0.0.1:{port} (log {log_path}); CPU start-up takes minutes")
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=vllm_env(env),
-            start_new_session=True,
-            preexec_fn=_pdeathsig,
-        )
+        proc = launch.start(argv, stdout=out, stderr=subprocess.STDOUT, env=vllm_env(env))
     v = VLLM(proc, port, log_path)
     t0 = time.monotonic()
     last = t0

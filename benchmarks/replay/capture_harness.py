@@ -61,7 +61,9 @@ def capture(call: dict[str, Any], name: str, package: str) -> dict[str, Any]:
         "cli": name,
         "package": package,
         "version": version(package),
-        "captured_from": f"the first request of harness/tests ({call['api']} dialect) as floe forwarded it upstream",
+        "captured_from": (
+            f"the first request of harness/tests ({call['api']} dialect) as floe forwarded it upstream"
+        ),
         "messages": messages,
         "tools": json.loads(anonymize(json.dumps(req.get("tools") or [], ensure_ascii=False))),
     }
@@ -69,7 +71,9 @@ def capture(call: dict[str, Any], name: str, package: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("calls", type=Path, help="calls.jsonl that floe proxy -record wrote in the harness test run")
+    ap.add_argument(
+        "calls", type=Path, help="calls.jsonl that floe proxy -record wrote in the harness test run"
+    )
     ap.add_argument("out", type=Path, help="folder for <cli>.json")
     args = ap.parse_args(argv)
     done: set[str] = set()

@@ -33,12 +33,13 @@ def figures(path: str) -> dict[str, object]:
     build = first(lambda s: s.startswith("building floe"))
     # the first line after the build's (before the fix, "starting the reference inference
     # server" could be thinned out off a terminal: then the next line bounds it)
-    f["built_s"] = next((t for t, s in out if build is not None and t > build and not s.startswith("building floe")),
-                        None)
+    f["built_s"] = next(
+        (t for t, s in out if build is not None and t > build and not s.startswith("building floe")), None
+    )
     f["first_progress_s"] = first(lambda s: s.startswith("sessions "))
     f["build_s"] = round(f["built_s"] - build, 1) if build is not None and f["built_s"] is not None else None
     gap, after = 0.0, ""
-    for (t0, s0), (t1, _) in zip(out, out[1:]):
+    for (t0, s0), (t1, _) in zip(out, out[1:], strict=False):
         if t1 - t0 > gap:
             gap, after = t1 - t0, s0
     f["longest_silence_s"] = round(gap, 1)

@@ -33,7 +33,9 @@ CALLS = pa.schema([
 ])
 
 
-def call(step: int | None, session: str, i: int, prompt: int, response: int, trainable: bool = True) -> dict[str, Any]:
+def call(
+    step: int | None, session: str, i: int, prompt: int, response: int, trainable: bool = True
+) -> dict[str, Any]:
     return {"step": step, "session_id": session, "call_index": i, "prompt_ids": list(range(prompt)),
             "response_ids": list(range(response)), "trainable": trainable}
 
@@ -44,7 +46,12 @@ def write(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def test_archived_call_figures_counts_only_the_given_sessions(tmp_path: Path) -> None:
-    step0 = [call(0, "a", 0, 10, 3), call(0, "a", 1, 16, 4), call(0, "b", 0, 10, 2), call(0, "b", 1, 15, 5, trainable=False)]
+    step0 = [
+        call(0, "a", 0, 10, 3),
+        call(0, "a", 1, 16, 4),
+        call(0, "b", 0, 10, 2),
+        call(0, "b", 1, 15, 5, trainable=False),
+    ]
     step1 = [call(1, "c", 0, 12, 6)]
     write(tmp_path / "calls" / "step-000000" / "part-0.parquet", step0)
     write(tmp_path / "calls" / "step-000001" / "part-0.parquet", step1)
@@ -108,7 +115,9 @@ def status_server() -> Iterator[tuple[Status, str]]:
         t.join()
 
 
-def test_wait_archived_returns_once_every_committed_step_is_archived(status_server: tuple[Status, str]) -> None:
+def test_wait_archived_returns_once_every_committed_step_is_archived(
+    status_server: tuple[Status, str],
+) -> None:
     status, url = status_server
     status.archived = [0, 1, 1, 2]
     store = run.wait_archived(url, 2, timeout=30)

@@ -28,25 +28,49 @@ def test_bench_e2e_replays_and_trains(tmp_path: Path) -> None:
     subprocess.run(["go", "build", "-o", str(floe), "./cmd/floe-bench"], cwd=ROOT, check=True, timeout=300)
     out = tmp_path / "results"
     r = subprocess.run(
-        [str(floe), "e2e", "-name", "e2e-test", "-out", str(out), "-groups", "2", "-groups-per-step", "1",
-         "-strategies", "per_request,prefix_merging,tree", "-python", sys.executable, "-token-budget", "2048"],
-        cwd=ROOT, capture_output=True, text=True, timeout=380,
+        [
+            str(floe),
+            "e2e",
+            "-name",
+            "e2e-test",
+            "-out",
+            str(out),
+            "-groups",
+            "2",
+            "-groups-per-step",
+            "1",
+            "-strategies",
+            "per_request,prefix_merging,tree",
+            "-python",
+            sys.executable,
+            "-token-budget",
+            "2048",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=380,
     )
     assert r.returncode == 0, f"floe-bench e2e failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
     assert "replay: " in r.stderr and "tree: step 1" in r.stderr  # progress while it runs
 
-    runs = {s: json.loads((out / "runs" / f"{s}.json").read_text()) for s in ("per_request", "prefix_merging", "tree")}
+    runs = {
+        s: json.loads((out / "runs" / f"{s}.json").read_text())
+        for s in ("per_request", "prefix_merging", "tree")
+    }
     pr, pm, tree = runs["per_request"], runs["prefix_merging"], runs["tree"]
     # A replayed call's prompt extends the previous call's prompt and response token for
     # token (the history renders as the model wrote it), so chains merge: were every
     # tool call to re-render differently, prefix_merging would gain almost nothing.
     rows = {name: sum(s["rows"] for s in r["steps"]) for name, r in runs.items()}
     assert rows["tree"] < rows["prefix_merging"] < 0.75 * rows["per_request"], rows
-    assert [s["loss"] for s in pm["steps"]] == pytest.approx([s["loss"] for s in pr["steps"]], rel=1e-4, abs=1e-6)
+    assert [s["loss"] for s in pm["steps"]] == pytest.approx(
+        [s["loss"] for s in pr["steps"]], rel=1e-4, abs=1e-6
+    )
     assert pr["setup"]["sessions"] == tree["setup"]["sessions"] == 8
     assert pr["setup"]["calls"] == tree["setup"]["calls"] > 8
     assert [s["step"] for s in pr["steps"]] == [s["step"] for s in tree["steps"]] == [0, 1]
-    for a, b in zip(pr["steps"], tree["steps"]):
+    for a, b in zip(pr["steps"], tree["steps"], strict=True):
         # the same samples: the same calls, the same loss tokens, the same loss
         assert a["per_request_rows"] == b["per_request_rows"] > 0
         assert a["loss_rows"] == b["loss_rows"] > 0

@@ -31,7 +31,10 @@ HARNESS = Path(__file__).resolve().parents[1]
 REPO = HARNESS.parent
 BIN = HARNESS / "node_modules" / ".bin"
 FILE_TEXT = "The launch code is PURPLE-ELEPHANT-42."
-QUESTION = "Read the file notes.txt in the current directory and tell me the launch code it contains. Answer with the code only."
+QUESTION = (
+    "Read the file notes.txt in the current directory and tell me the launch code it contains. "
+    "Answer with the code only."
+)
 ANSWER = "PURPLE-ELEPHANT-42"
 
 
@@ -75,7 +78,9 @@ class Stack:
         return http("GET", self.upstream + "/script")["remaining"]  # type: ignore[no-any-return]
 
     def calls(self, session: str) -> list[dict[str, Any]]:
-        calls: list[dict[str, Any]] | None = http("GET", f"{self.control}/floe/v1/sessions/{session}")["calls"]
+        calls: list[dict[str, Any]] | None = http("GET", f"{self.control}/floe/v1/sessions/{session}")[
+            "calls"
+        ]
         return calls or []  # null until the session's first call
 
     def generations(self) -> list[dict[str, Any]]:
@@ -108,8 +113,12 @@ def base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def run_harness(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def run_harness(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(
+        args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     return p
 
 
@@ -149,7 +158,11 @@ def check_token_faithful(stack: Stack, calls: list[dict[str, Any]]) -> None:
     assert calls, "the session recorded no calls"
     for c in calls:
         assert c["trainable"], f"call {c['index']} untrainable: {c['untrainable_reason']}"
-        match = [g for g in gens if g["prompt_token_ids"] == c["prompt_ids"] and g["token_ids"] == c["response_ids"]]
+        match = [
+            g
+            for g in gens
+            if g["prompt_token_ids"] == c["prompt_ids"] and g["token_ids"] == c["response_ids"]
+        ]
         assert match, f"call {c['index']}: no generation of the server has these prompt and response ids"
         assert c["logprobs"] == pytest.approx(match[-1]["logprobs"], rel=1e-6, abs=1e-6)
 
@@ -227,7 +240,9 @@ def check_tree_over_flight(stack: Stack, session: str, calls: list[dict[str, Any
                 k = int(pred[k])
             got[(tuple(reversed(ctx)), int(ids[q]), float(lp[q]))] += 1
     want = per_request_terms(calls)
-    assert got == want, f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
+    assert got == want, (
+        f"{sum((got - want).values())} extra and {sum((want - got).values())} missing loss terms"
+    )
     per_request_rows = sum(len(c["prompt_ids"]) + len(c["response_ids"]) for c in calls if c["trainable"])
     return rows, per_request_rows
 

@@ -190,8 +190,11 @@ def run_weight_sync(stack: Stack, h: Harness, env: dict[str, str] | None = None)
         last = answer(h, "Both reads agree on the code.", ANSWER)
     else:
         tool, args = h.size_call
-        second = {"reasoning": "Let me check the file's size too.", "tool_calls": [{"name": tool, "arguments": args}],
-                  "match": {"tool": tool, "contains": ANSWER}}
+        second = {
+            "reasoning": "Let me check the file's size too.",
+            "tool_calls": [{"name": tool, "arguments": args}],
+            "match": {"tool": tool, "contains": ANSWER},
+        }
         last = answer(h, "The file is short; the code is all it says.", SIZE)
     stack.script([read(h, work, REASONING, QUESTION), second, last])
     proc = subprocess.Popen(cmd, env=base | (env or {}), cwd=work, stdin=subprocess.DEVNULL,

@@ -65,7 +65,10 @@ def test_gemini_cli_reads_file(stack: Stack) -> None:
         asked = c["request"].get("generationConfig") or {}
         assert asked.get("topP") == 0.95, asked
         sent = c["upstream_request"]
-        assert sent["top_p"] == 1 and sent.get("top_k", -1) == -1 and c["trainable"], (sent, c.get("untrainable_reason"))
+        assert sent["top_p"] == 1 and sent.get("top_k", -1) == -1 and c["trainable"], (
+            sent,
+            c.get("untrainable_reason"),
+        )
 
 
 def test_gemini_cli_weight_sync(stack: Stack) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import BIN, QUESTION, Session, Stack, base_env
 from scenario import Harness, run_read_task, run_weight_sync
 

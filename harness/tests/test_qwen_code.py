@@ -35,14 +35,27 @@ def launch(s: Session, home: Path, work: Path) -> tuple[list[str], dict[str, str
     """Qwen Code's settings in $HOME/.qwen, and its provider pointing at floe."""
     (home / ".qwen").mkdir()
     (home / ".qwen" / "settings.json").write_text(json.dumps(SETTINGS, indent=2))
-    env = base_env(home) | {"OPENAI_BASE_URL": s.base_urls["openai"], "OPENAI_API_KEY": s.key, "OPENAI_MODEL": MODEL}
+    env = base_env(home) | {
+        "OPENAI_BASE_URL": s.base_urls["openai"],
+        "OPENAI_API_KEY": s.key,
+        "OPENAI_MODEL": MODEL,
+    }
     return [str(BIN / "qwen"), "--yolo", "--output-format", "text", QUESTION], env
 
 
 QWEN_CODE = Harness(
-    name="Qwen Code", exe="qwen", task="qwen-code", api="openai_chat", tool="read_file",
-    read_args=lambda work: {"file_path": str(work / "notes.txt")}, launch=launch,
-    size_call=("run_shell_command", {"command": "wc -c notes.txt", "description": "Count the bytes of notes.txt"}))
+    name="Qwen Code",
+    exe="qwen",
+    task="qwen-code",
+    api="openai_chat",
+    tool="read_file",
+    read_args=lambda work: {"file_path": str(work / "notes.txt")},
+    launch=launch,
+    size_call=(
+        "run_shell_command",
+        {"command": "wc -c notes.txt", "description": "Count the bytes of notes.txt"},
+    ),
+)
 
 
 def test_qwen_code(stack: Stack) -> None:

@@ -31,7 +31,11 @@ REASONING = "The user wants the file; I should read notes.txt first."
 ANSWER = "The file says: hello from floe."
 FILE_TEXT = "hello from floe"
 SCRIPT = [
-    {"reasoning": REASONING, "content": "Let me read it.", "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}]},
+    {
+        "reasoning": REASONING,
+        "content": "Let me read it.",
+        "tool_calls": [{"name": "read_file", "arguments": {"path": "notes.txt"}}],
+    },
     {"content": ANSWER},
 ]
 PARAMS = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
@@ -64,12 +68,28 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 def stack(floe_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("proxy")
     with floe_stack.Stack(tmp / "logs", grace=20) as procs:
-        _, hello = procs.start_server("refserver", refserver_argv("--port", "0", "--cache-dir", str(tmp / "tok")))
+        _, hello = procs.start_server(
+            "refserver", refserver_argv("--port", "0", "--cache-dir", str(tmp / "tok"))
+        )
         upstream = hello["base_url"].removesuffix("/v1")
         calls = tmp / "calls.jsonl"
-        _, phello = procs.start_server("proxy", [str(floe_bin), "proxy", "-proxy-addr", "127.0.0.1:0",
-                                                 "-control-addr", "127.0.0.1:0", "-upstream", upstream, "-session", f"{KEY}={SESSION}",
-                                                 "-record", str(calls)])
+        _, phello = procs.start_server(
+            "proxy",
+            [
+                str(floe_bin),
+                "proxy",
+                "-proxy-addr",
+                "127.0.0.1:0",
+                "-control-addr",
+                "127.0.0.1:0",
+                "-upstream",
+                upstream,
+                "-session",
+                f"{KEY}={SESSION}",
+                "-record",
+                str(calls),
+            ],
+        )
         yield Stack(phello["proxy"], upstream, calls)
 
 
@@ -85,9 +105,10 @@ def check_recorded(stack: Stack, before: int, n: int) -> list[dict[str, Any]]:
         assert c["logprobs"] == pytest.approx(g["logprobs"], rel=1e-6, abs=1e-6)
     first, second = calls[0], calls[1]
     history = first["prompt_ids"] + first["response_ids"]
+    pairs = zip(second["prompt_ids"], history, strict=False)  # the prompt may be longer
     assert second["prompt_ids"][: len(history)] == history, (
         "the second prompt does not extend the first call token for token: "
-        f"first difference at {next(i for i, (a, b) in enumerate(zip(second['prompt_ids'], history)) if a != b)}"
+        f"first difference at {next(i for i, (a, b) in enumerate(pairs) if a != b)}"
     )
     return calls
 
@@ -95,7 +116,12 @@ def check_recorded(stack: Stack, before: int, n: int) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_chat(stack: Stack, stream: bool) -> None:
     client = openai.OpenAI(base_url=stack.proxy + "/v1", api_key=KEY)
-    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": PARAMS}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "read_file", "description": "Read a file", "parameters": PARAMS},
+        }
+    ]
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "What does notes.txt say?"}]
     before = len(stack.calls())
@@ -103,18 +129,26 @@ def test_openai_chat(stack: Stack, stream: bool) -> None:
 
     def ask() -> dict[str, Any]:
         if not stream:
-            m = client.chat.completions.create(model="gpt-floe", messages=messages, tools=tools).choices[0].message
+            m = (
+                client.chat.completions.create(model="gpt-floe", messages=messages, tools=tools)
+                .choices[0]
+                .message
+            )
             return m.model_dump(exclude_none=True)
         msg: dict[str, Any] = {"role": "assistant", "content": "", "reasoning_content": ""}
         calls: dict[int, dict[str, Any]] = {}
-        for chunk in client.chat.completions.create(model="gpt-floe", messages=messages, tools=tools, stream=True):
+        for chunk in client.chat.completions.create(
+            model="gpt-floe", messages=messages, tools=tools, stream=True
+        ):
             if not chunk.choices:
                 continue
             d = chunk.choices[0].delta
             msg["content"] += d.content or ""
             msg["reasoning_content"] += getattr(d, "reasoning_content", None) or ""
             for tc in d.tool_calls or []:
-                c = calls.setdefault(tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                c = calls.setdefault(
+                    tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 c["id"] += tc.id or ""
                 c["function"]["name"] += (tc.function.name or "") if tc.function else ""
                 c["function"]["arguments"] += (tc.function.arguments or "") if tc.function else ""
@@ -124,7 +158,9 @@ def test_openai_chat(stack: Stack, stream: bool) -> None:
 
     first = ask()
     call = first["tool_calls"][0]
-    assert call["function"]["name"] == "read_file" and json.loads(call["function"]["arguments"]) == {"path": "notes.txt"}
+    assert call["function"]["name"] == "read_file" and json.loads(call["function"]["arguments"]) == {
+        "path": "notes.txt"
+    }
     assert first["reasoning_content"].strip() == REASONING
     messages += [first, {"role": "tool", "tool_call_id": call["id"], "content": FILE_TEXT}]
     second = ask()
@@ -141,7 +177,9 @@ def test_openai_responses(stack: Stack, stream: bool) -> None:
     stack.push_script()
 
     def ask() -> Any:
-        kw = dict(model="gpt-floe", instructions="You are a coding agent.", input=items, tools=tools, store=False)
+        kw = dict(
+            model="gpt-floe", instructions="You are a coding agent.", input=items, tools=tools, store=False
+        )
         if not stream:
             return client.responses.create(**kw)
         with client.responses.stream(**kw) as s:
@@ -168,8 +206,14 @@ def test_anthropic_messages(stack: Stack, stream: bool) -> None:
     stack.push_script()
 
     def ask() -> Any:
-        kw = dict(model="claude-floe", max_tokens=512, system="You are a coding agent.", tools=tools, messages=messages,
-                  thinking={"type": "enabled", "budget_tokens": 256})
+        kw = dict(
+            model="claude-floe",
+            max_tokens=512,
+            system="You are a coding agent.",
+            tools=tools,
+            messages=messages,
+            thinking={"type": "enabled", "budget_tokens": 256},
+        )
         if not stream:
             return client.messages.create(**kw)
         with client.messages.stream(**kw) as s:
@@ -181,8 +225,13 @@ def test_anthropic_messages(stack: Stack, stream: bool) -> None:
     use = [b for b in first.content if b.type == "tool_use"]
     assert thinking and thinking[0].thinking.strip() == REASONING
     assert use and use[0].name == "read_file" and use[0].input == {"path": "notes.txt"}
-    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": FILE_TEXT}]}]
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": FILE_TEXT}],
+        },
+    ]
     second = ask()
     assert "".join(b.text for b in second.content if b.type == "text").strip() == ANSWER
     check_recorded(stack, before, 2)
@@ -191,7 +240,9 @@ def test_anthropic_messages(stack: Stack, stream: bool) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_google_genai(stack: Stack, stream: bool) -> None:
     client = genai.Client(api_key=KEY, http_options=gtypes.HttpOptions(base_url=stack.proxy))
-    decl = gtypes.FunctionDeclaration(name="read_file", description="Read a file", parameters_json_schema=PARAMS)
+    decl = gtypes.FunctionDeclaration(
+        name="read_file", description="Read a file", parameters_json_schema=PARAMS
+    )
     config = gtypes.GenerateContentConfig(
         system_instruction="You are a coding agent.", tools=[gtypes.Tool(function_declarations=[decl])],
         thinking_config=gtypes.ThinkingConfig(include_thoughts=True),
@@ -206,7 +257,9 @@ def test_google_genai(stack: Stack, stream: bool) -> None:
             r = client.models.generate_content(model="gemini-floe", contents=contents, config=config)
             return r.candidates[0].content
         parts: list[gtypes.Part] = []
-        for chunk in client.models.generate_content_stream(model="gemini-floe", contents=contents, config=config):
+        for chunk in client.models.generate_content_stream(
+            model="gemini-floe", contents=contents, config=config
+        ):
             if chunk.candidates and chunk.candidates[0].content and chunk.candidates[0].content.parts:
                 parts += chunk.candidates[0].content.parts
         return gtypes.Content(role="model", parts=parts)

@@ -92,7 +92,9 @@ def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     SIGTERM and requires a clean exit."""
     with Stack(tmp_path_factory.mktemp("refserver-logs"), grace=20) as st:
         try:
-            proc, hello = st.start_server("refserver", refserver_argv("--port", "0", "--cache-dir", str(cache_dir)))
+            proc, hello = st.start_server(
+                "refserver", refserver_argv("--port", "0", "--cache-dir", str(cache_dir))
+            )
         except RuntimeError as e:
             pytest.fail(f"refserver did not start: {e}")
         yield hello["base_url"]
@@ -516,7 +518,10 @@ def test_script_match_skips_side_calls(server: str) -> None:
     """An output with "match" waits for a request offering its tool; other requests (a
     harness's title or summary calls) fall through to sampling."""
     base = server.removesuffix("/v1")
-    post(base + "/script", {"outputs": [{"content": "for the agent", "match": {"tool": "Read", "contains": "notes"}}]})
+    post(
+        base + "/script",
+        {"outputs": [{"content": "for the agent", "match": {"tool": "Read", "contains": "notes"}}]},
+    )
     side = post(server + "/chat/completions", {"model": "floe-ref", "max_tokens": 4,
                 "messages": [{"role": "user", "content": "title for this chat"}]})
     assert side["choices"][0]["message"]["content"] != "for the agent"
@@ -533,7 +538,9 @@ def test_sampling_at_a_temperature_returns_processed_logprobs(server: str, tok: 
     assert call("DELETE", root(server) + "/script")[0] == 200
     model = build_model(len(tok), seed=0, max_model_len=4096)
     for temp in (0.7, 1.0):
-        res = post(server + "/chat/completions", chat_body(max_tokens=10, temperature=temp, seed=11, top_logprobs=2))
+        res = post(
+            server + "/chat/completions", chat_body(max_tokens=10, temperature=temp, seed=11, top_logprobs=2)
+        )
         ch = res["choices"][0]
         prompt_ids, ids = res["prompt_token_ids"], ch["token_ids"]
         got = torch.tensor([e["logprob"] for e in ch["logprobs"]["content"]], dtype=torch.float64)

@@ -41,10 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--preset",
         choices=[*sorted(PRESETS), "refserver"],
         default=None,
-        help="a model shape (sets --vocab --hidden --intermediate --layers --heads --kv-heads); qwen2.5-0.5b is "
-        "Qwen2.5-0.5B's architecture, randomly initialised; refserver is the reference inference server's own "
-        "model (its tokenizer's vocabulary, weights from --seed as the server's --seed), so rollout log-probs "
-        "recorded from it match the trainer's at step 0",
+        help="a model shape (sets --vocab --hidden --intermediate --layers --heads --kv-heads); "
+        "qwen2.5-0.5b is Qwen2.5-0.5B's architecture, randomly initialised; refserver is the reference "
+        "inference server's own model (its tokenizer's vocabulary, weights from --seed as the server's "
+        "--seed), so rollout log-probs recorded from it match the trainer's at step 0",
     )
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
     p.add_argument("--hidden", type=int, default=64)

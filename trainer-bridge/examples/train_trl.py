@@ -28,8 +28,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="local model directory (default: the refserver's model)")
     ap.add_argument("--seed", type=int, default=0, help="the reference server's --seed (default model only)")
     ap.add_argument("--batch", type=int, default=4, help="sequences per TRL micro-batch (TRL's own packing)")
-    ap.add_argument("--floe-packing", action="store_true", help="train on floe's packed rows (FloeAsyncGRPOTrainer)")
-    ap.add_argument("--cpu", action="store_true", help="CPU: SDPA tree attention under TRL's name, no FA3 kernels")
+    ap.add_argument(
+        "--floe-packing", action="store_true", help="train on floe's packed rows (FloeAsyncGRPOTrainer)"
+    )
+    ap.add_argument(
+        "--cpu", action="store_true", help="CPU: SDPA tree attention under TRL's name, no FA3 kernels"
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args()
 
@@ -62,7 +66,8 @@ def main() -> None:
         max_steps=args.steps,
         learning_rate=args.lr,
         per_device_train_batch_size=args.batch,
-        token_budget=0,  # TRL's fixed-count planner (its token-budget planner waits for an overflowing sample)
+        # TRL's fixed-count planner (its token-budget planner waits for an overflowing sample)
+        token_budget=0,
         logging_steps=1,
         report_to=[],
         use_cpu=args.cpu,
@@ -78,7 +83,11 @@ def main() -> None:
         from floe_bridge.trl import FloeAsyncGRPOTrainer
 
         trainer = FloeAsyncGRPOTrainer(
-            args.model, flight_uri=args.flight, args=config, processing_class=tok, weight_transfer=weight_transfer
+            args.model,
+            flight_uri=args.flight,
+            args=config,
+            processing_class=tok,
+            weight_transfer=weight_transfer,
         )
     else:
         from datasets import Dataset
@@ -88,7 +97,9 @@ def main() -> None:
             args.model,
             args=config,
             processing_class=tok,
-            train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]]}),  # unused: floe feeds it
+            train_dataset=Dataset.from_dict(
+                {"prompt": [[{"role": "user", "content": ""}]]}
+            ),  # unused: floe feeds it
             rollout_worker=worker,
             weight_transfer=weight_transfer,
         )

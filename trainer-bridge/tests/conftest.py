@@ -11,7 +11,9 @@ from pathlib import Path
 # every checkout on the machine: two test runs compiling the same FlexAttention kernel at
 # once were seen to break each other's C++ build. Each checkout keeps its own (ignored
 # by git, reused across runs).
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[2] / ".venv" / "torchinductor-cache"))
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[2] / ".venv" / "torchinductor-cache")
+)
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +58,9 @@ def make_batch(columns: Mapping[str, Sequence[float | None] | np.ndarray],
                metadata: dict[bytes, bytes] | None = None) -> pa.RecordBatch:
     n = len(columns["input_ids"])
     # temperature: 1 (T = 1) on every row unless a test gives it
-    arrays = [pa.array(columns[f.name] if f.name in columns else [1.0] * n, type=f.type) for f in MICRO_BATCH_SCHEMA]
+    arrays = [
+        pa.array(columns[f.name] if f.name in columns else [1.0] * n, type=f.type) for f in MICRO_BATCH_SCHEMA
+    ]
     schema = MICRO_BATCH_SCHEMA.with_metadata(metadata) if metadata else MICRO_BATCH_SCHEMA
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 

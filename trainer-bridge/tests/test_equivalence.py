@@ -489,7 +489,9 @@ def test_temperature_equivalence_through_refserver(
         ], 60)
         control = addrs.get("control") or addrs["proxy"]
         for i, (name, temp) in enumerate(temps.items()):
-            sess = _post_json(f"{control}/floe/v1/sessions", {"task_id": "t", "group_id": "g", "group_size": 3})
+            sess = _post_json(
+                f"{control}/floe/v1/sessions", {"task_id": "t", "group_id": "g", "group_size": 3}
+            )
             body: dict[str, Any] = {
                 "model": "m", "max_tokens": 12, "temperature": temp, "seed": 5 + i,
                 "messages": [{"role": "user", "content": f"write a haiku about tree masks, {name}"}],
@@ -519,7 +521,9 @@ def test_temperature_equivalence_through_refserver(
         rollout = tb.old_logprobs[rows]
         top_p = torch.tensor([samples["num_truncated_calls"][int(s)] > 0 for s in tb.sample_idx[rows]])
         err = float((got - rollout)[~top_p].abs().max())
-        print(f"\n--sampling {sampling}: max |bridge - rollout| over {int((~top_p).sum())} tokens = {err:.3g}")
+        print(
+            f"\n--sampling {sampling}: max |bridge - rollout| over {int((~top_p).sum())} tokens = {err:.3g}"
+        )
         assert err < LOGP_ATOL
         if sampling == "record":  # negative control: scored at T = 1, as before 13.5
             import dataclasses
@@ -557,8 +561,14 @@ def _adversarial_dump(tmp: Path) -> Path:
     out = tmp / "adversarial"
     out.mkdir()
     env = {**os.environ, "FLOE_DUMP_ADVERSARIAL": str(out)}
-    subprocess.run(["go", "test", "-count=1", "-run", "TestDumpAdversarialSteps", "./batcher/"], cwd=root, env=env,
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        ["go", "test", "-count=1", "-run", "TestDumpAdversarialSteps", "./batcher/"],
+        cwd=root,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return out
 
 
@@ -592,10 +602,20 @@ def test_adversarial_groups_dp3(strategy: str, tmp_path: Path) -> None:
     vocab = 1 + max(max([*(c["prompt_ids"] or []), *(c["response_ids"] or []), 0]) for g in groups
                     for s in g["sessions"] for c in s["calls"] or [])
     torch.manual_seed(0)
-    cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   initializer_range=INIT_RANGE, tie_word_embeddings=True)
-    model = transformers.Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).eval()
+    cfg = transformers.Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=INIT_RANGE,
+        tie_word_embeddings=True,
+    )
+    model = transformers.Qwen2ForCausalLM._from_config(
+        cfg, attn_implementation="sdpa", dtype=torch.float32
+    ).eval()
     params = [p for p in model.parameters()]
 
     # reference: each trainable call alone, at its temperature; loss terms keyed by context
@@ -661,16 +681,19 @@ def test_adversarial_groups_dp3(strategy: str, tmp_path: Path) -> None:
             loss, _ = grpo_loss(logp, torch.tensor(olds), tb.advantages[rows], denom, world_size=world)
             loss.backward()  # type: ignore[no-untyped-call]
             total_loss += float(loss.detach())
-        rank_grads.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
+        rank_grads.append(
+            [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]
+        )
     print(f"\n{strategy} dp={world}: logprob max err {worst:.3g}")
     assert worst < LOGP_ATOL
     loss_avg = total_loss / world
     assert loss_avg == pytest.approx(float(ref_loss.detach()), rel=LOSS_RTOL, abs=1e-7)
     max_rel = 0.0
-    for i, p in enumerate(params):
+    for i in range(len(params)):
         got = sum(g[i] for g in rank_grads) / world
         want = ref_grads[i]
         scale = float(want.abs().max()) + 1e-12
         max_rel = max(max_rel, float((got - want).abs().max()) / scale)
-    print(f"{strategy} dp={world}: loss {loss_avg:.6g} vs {float(ref_loss.detach()):.6g}; grad max rel err {max_rel:.3g}")
+    ref = float(ref_loss.detach())
+    print(f"{strategy} dp={world}: loss {loss_avg:.6g} vs {ref:.6g}; grad max rel err {max_rel:.3g}")
     assert max_rel < GRAD_RTOL

@@ -277,7 +277,9 @@ def test_auth_token_file_and_env(floe_server: Start, tmp_path: Path, monkeypatch
     with FloeClient(server.location) as client:
         with pytest.raises(Unauthenticated):
             client.status()
-    err = _raw_error(lambda: list(flight.FlightClient(server.location).do_action(flight.Action("commit", b'{"step": 0}'))))
+    err = _raw_error(
+        lambda: list(flight.FlightClient(server.location).do_action(flight.Action("commit", b'{"step": 0}')))
+    )
     assert isinstance(translate_error(err), Unauthenticated)
     monkeypatch.setenv("FLOE_FLIGHT_TOKEN", "wrong")
     with FloeClient(server.location) as client:

@@ -398,7 +398,9 @@ def test_poisoned_old_logprob_keeps_the_loss_finite(dtype: torch.dtype, cap: flo
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("window", [1, 3, 8, 40])
-def test_sliding_window_tree_masks(seed: int, window: int, make_random_tree: Callable[..., RandomTree]) -> None:
+def test_sliding_window_tree_masks(
+    seed: int, window: int, make_random_tree: Callable[..., RandomTree]
+) -> None:
     """Issue 13 item 2: a row sees itself and the ancestors within ``window`` positions of
     depth, from the generator's own ancestor lists; dense mask, mask_mod and BlockMask
     (ours and create_block_mask's) all give exactly that, and flex_attention = sdpa."""

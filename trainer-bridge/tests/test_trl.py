@@ -28,7 +28,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
 
-from conftest import HAND, make_batch, random_tree  # noqa: E402
 from floe_stack import Stack, refserver_argv  # noqa: E402
 from trl.experimental.async_grpo.packing import TreeRow  # noqa: E402
 
@@ -40,10 +39,12 @@ from floe_bridge.trl import (  # noqa: E402
     NoWeightTransfer,
     call_paths,
     register_cpu_tree_attention,
-    use_cpu_tree_attention,
     to_trl_tree,
     tree_terms,
+    use_cpu_tree_attention,
 )
+
+from conftest import HAND, make_batch, random_tree  # noqa: E402
 
 # --- converter and attention, no server ------------------------------------------------
 
@@ -55,7 +56,9 @@ def _samples(mb: MicroBatch) -> list[dict[str, Any]]:
             {
                 "input_ids": torch.tensor(mb.input_ids[cp.rows].astype(np.int64)),
                 "completion_mask": torch.tensor(cp.trained.astype(np.int64)),
-                "old_log_probs": torch.tensor(np.where(cp.trained, mb.old_logprobs[cp.rows], 0).astype(np.float32)),
+                "old_log_probs": torch.tensor(
+                    np.where(cp.trained, mb.old_logprobs[cp.rows], 0).astype(np.float32)
+                ),
                 "advantage": float(mb.advantages[cp.rows[cp.trained]][0]),
                 "group_id": 0,
             }
@@ -79,7 +82,9 @@ def _random_batches(n: int, vocab: int = 3) -> Iterator[MicroBatch]:
     for _ in range(n):
         rt = random_tree(rng, int(rng.integers(10, 80)), 3)
         cols = rt.columns
-        cols["input_ids"] = rng.integers(0, vocab, len(cols["input_ids"])).astype(np.int32)  # branches collide
+        cols["input_ids"] = rng.integers(0, vocab, len(cols["input_ids"])).astype(
+            np.int32
+        )  # branches collide
         cols["sample_idx"] = np.where(cols["loss_mask"] == 1, rng.integers(0, 3, len(cols["input_ids"])), -1)
         cols["advantages"] = np.where(cols["loss_mask"] == 1, cols["sample_idx"] - 1.0, 0).astype(np.float32)
         yield MicroBatch.from_record_batch(make_batch(cols))
@@ -136,7 +141,9 @@ def _tree_logps(model: Any, packed: dict[str, Any]) -> Any:
     kw = {k: packed[k] for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
     kw["tree_max_seqlen_q"], kw["tree_max_seqlen_k"] = packed["tree_max_seqlens"].tolist()
     with torch.no_grad():
-        logits = model(input_ids=packed["input_ids"][None], position_ids=packed["position_ids"][None], **kw).logits[0]
+        logits = model(
+            input_ids=packed["input_ids"][None], position_ids=packed["position_ids"][None], **kw
+        ).logits[0]
     lp = torch.log_softmax(logits.float(), -1)
     idx = packed["token_index"]
     return lp[idx, packed["shift_labels"][idx]]
@@ -187,13 +194,17 @@ class Floe:
         return _get(f"{self.control}/floe/v1/sessions/{sid}")
 
     def new_session(self, group: str, size: int) -> dict[str, Any]:
-        return _post(f"{self.control}/floe/v1/sessions", {"task_id": group, "group_id": group, "group_size": size})
+        return _post(
+            f"{self.control}/floe/v1/sessions", {"task_id": group, "group_id": group, "group_size": size}
+        )
 
 
 def chat(sess: dict[str, Any], messages: list[dict[str, Any]], max_tokens: int) -> str:
     import openai
 
-    client = openai.OpenAI(base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=sess["base_urls"]["openai"], api_key=sess["api_key"], max_retries=0, timeout=120
+    )
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens)
     return r.choices[0].message.content or ""
 
@@ -211,7 +222,10 @@ def drive(floe: Floe, groups: int, size: int = 2, turns: int = 2, max_tokens: in
             ]
             for t in range(turns):
                 answer = chat(sess, msgs, max_tokens)
-                msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": f"Tool output {t}: ok"}]
+                msgs += [
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"Tool output {t}: ok"},
+                ]
             _post(f"{floe.control}/floe/v1/sessions/{sess['session_id']}/finish",
                   {"reward": float(s + g % 2), "status": "completed"})
 
@@ -222,7 +236,10 @@ def refserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with Stack(tmp / "logs", grace=20) as procs:
         _, hello = procs.start_server(
-            "refserver", refserver_argv("--port", "0", "--threads", "1", "--log-level", "WARNING"), 120, env=env
+            "refserver",
+            refserver_argv("--port", "0", "--threads", "1", "--log-level", "WARNING"),
+            120,
+            env=env,
         )
         yield hello["base_url"].removesuffix("/v1")
 
@@ -288,8 +305,11 @@ class Recorder:
             packed = {k: row[k][keep] for k in ("input_ids", "position_ids", "shift_labels")}
             for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "token_index",
                       "old_log_probs", "advantages", "segment_id"):
-                sel = row[k] >= 0 if k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "token_index") \
+                sel = (
+                    row[k] >= 0
+                    if k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "token_index")
                     else row["token_index"] >= 0
+                )
                 packed[k] = row[k][sel]
             packed["tree_max_seqlens"] = row["tree_max_seqlens"]
             self.batches.append(packed)
@@ -366,7 +386,12 @@ def test_async_grpo_trainer_trains_from_floe(
     # token_budget=0: TRL's fixed-count planner, one floe step's sequences per TRL step
     args = _trainer_args(tmp_path / "out", token_budget=0, per_device_train_batch_size=counts[0])
     trainer = AsyncGRPOTrainer(
-        path, args=args, processing_class=tok, train_dataset=_placeholder(), rollout_worker=worker, weight_transfer=wt,
+        path,
+        args=args,
+        processing_class=tok,
+        train_dataset=_placeholder(),
+        rollout_worker=worker,
+        weight_transfer=wt,
     )
     rec = Recorder(trainer)
     out = trainer.train()

@@ -73,7 +73,10 @@ def test_rows_at_another_temperature_are_left_out_of_the_loss(caplog: pytest.Log
         step, samples, _ = worker.samples_of_step()
     assert step == 0
     assert sum(int(sum(s.completion_mask)) for s in samples) == 0
-    assert "3 loss tokens were sampled at temperature 0.7" in caplog.text and "args.temperature = 1" in caplog.text
+    assert (
+        "3 loss tokens were sampled at temperature 0.7" in caplog.text
+        and "args.temperature = 1" in caplog.text
+    )
     ok = FloeRolloutWorker("grpc://unused", client=floe, temperature=0.7)  # type: ignore[arg-type]
     step, samples, _ = ok.samples_of_step()
     assert (step, len(samples)) == (0, SAMPLES_PER_STEP)
@@ -86,7 +89,7 @@ def test_a_step_without_samples_is_committed_once() -> None:
     error surfaced inside TRL's data loop)."""
     floe = ScriptedFloe(3)
     worker = FloeRolloutWorker("grpc://unused", client=floe)  # type: ignore[arg-type]
-    buf = worker.rollout_buffer
+    buf = worker.step_buffer
     buf.expect(0, 0)
     assert floe.commits == [0]
     buf.expect(1, 1)

@@ -171,10 +171,20 @@ def test_sliding_window_tree_matches_per_request(name: str, attn: str) -> None:
 
 def _tiny_lfm2() -> Any:
     torch.manual_seed(0)
-    cfg = transformers.Lfm2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                  layer_types=["conv", "full_attention"], initializer_range=0.1)
-    return transformers.Lfm2ForCausalLM._from_config(cfg, attn_implementation="sdpa", dtype=torch.float32).eval()
+    cfg = transformers.Lfm2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        layer_types=["conv", "full_attention"],
+        initializer_range=0.1,
+    )
+    return transformers.Lfm2ForCausalLM._from_config(
+        cfg, attn_implementation="sdpa", dtype=torch.float32
+    ).eval()
 
 
 def test_token_mixing_layers_are_refused_on_packed_micro_batches() -> None:

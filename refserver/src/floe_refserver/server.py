@@ -51,7 +51,11 @@ def validate_output(o: Any) -> dict[str, Any]:
     if not isinstance(o, dict):
         raise APIError("a scripted output must be an object")
     m = o.get("match", {})
-    if not isinstance(m, dict) or set(m) - {"tool", "contains"} or not all(isinstance(v, str) for v in m.values()):
+    if (
+        not isinstance(m, dict)
+        or set(m) - {"tool", "contains"}
+        or not all(isinstance(v, str) for v in m.values())
+    ):
         raise APIError('scripted "match" must be {"tool"?: str, "contains"?: str}')
     unknown = set(o) - {"content", "reasoning", "tool_calls", "finish", "match"}
     if unknown:
@@ -298,7 +302,11 @@ class RefServer:
     @staticmethod
     def _fits(match: dict[str, str], req: ChatRequest) -> bool:
         if "tool" in match:
-            names = {(t.get("function") or {}).get("name") for t in req.body.get("tools") or [] if isinstance(t, dict)}
+            names = {
+                (t.get("function") or {}).get("name")
+                for t in req.body.get("tools") or []
+                if isinstance(t, dict)
+            }
             if match["tool"] not in names:
                 return False
         if "contains" in match:

@@ -10,18 +10,18 @@ fixtures run them.
 
 Each child runs in its own process group (Ctrl-C at a terminal reaches only the parent,
 which stops the children in order) and gets SIGTERM if the parent dies (Linux
-``PR_SET_PDEATHSIG``). Its stderr goes to ``LOG_DIR/NAME.log``, its stdout is a pipe: a
-server prints one JSON line there once it listens (``start_server`` waits for it with a
-timeout), a trainer its progress lines. Stopping sends SIGTERM to the group, waits a grace
-period, then SIGKILLs what is left of the group.
+``PR_SET_PDEATHSIG``): floe_bridge.launch starts them. Its stderr goes to
+``LOG_DIR/NAME.log``, its stdout is a pipe: a server prints one JSON line there once it
+listens (``start_server`` waits for it with a timeout), a trainer its progress lines.
+Stopping sends SIGTERM to the group, waits a grace period, then SIGKILLs what is left of
+the group.
 
-Standard library only (it ships with the reference server, ``floe-refserver``, but
-importing it imports neither torch nor the server).
+The standard library and floe_bridge (it ships with the reference server,
+``floe-refserver``, but importing it imports neither torch nor the server).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from floe_bridge import launch
 
 __all__ = ["Child", "Stack", "build_floe", "refserver_argv", "tail"]
 
@@ -54,7 +56,9 @@ def _describe(root: str | os.PathLike[str]) -> str:
     """The checkout's ``git describe --always --dirty``, so that a built floe names the
     commit it came from; "(devel)" outside a git checkout."""
     try:
-        r = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True)
+        r = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True
+        )
     except FileNotFoundError:
         return "(devel)"
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "(devel)"
@@ -74,7 +78,8 @@ def build_floe(out_dir: str | os.PathLike[str], root: str | os.PathLike[str], go
         out = Path(out_dir) / "floe"
         try:
             r = subprocess.run(
-                [go, "build", "-ldflags", f"-X {VERSION_VAR}={_describe(root)}", "-o", str(out), "./cmd/floe"],
+                [go, "build", "-ldflags", f"-X {VERSION_VAR}={_describe(root)}", "-o", str(out),
+                 "./cmd/floe"],
                 cwd=root, capture_output=True, text=True,
             )
         except FileNotFoundError as e:
@@ -92,15 +97,6 @@ def tail(path: str | os.PathLike[str], n: int = 25) -> str:
             return "".join(f.readlines()[-n:])
     except OSError:
         return ""
-
-
-def _pdeathsig() -> None:
-    """In the child before exec: get SIGTERM when the parent dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -198,16 +194,14 @@ class Stack:
         log_path = Path(self.log_dir) / (f"{name}.log" if n == 0 else f"{name}-{n + 1}.log")
         e = env if env is not None else self.env
         with open(log_path, "w", encoding="utf-8") as log:
-            proc = subprocess.Popen(
-                list(argv),
+            proc = launch.start(
+                argv,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
                 cwd=cwd if cwd is not None else self.cwd,
-                env=dict(e) if e is not None else None,
-                start_new_session=True,
-                preexec_fn=_pdeathsig,
+                env=e,
             )
         c = Child(name, proc, log_path)
         self.children.append(c)

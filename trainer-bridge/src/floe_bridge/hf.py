@@ -358,7 +358,10 @@ def tree_attention_mask(
             windowed = _mask(model, batch, kind, block_size, window)
             if not mixed:
                 return windowed
-            return {"full_attention": _mask(model, batch, kind, block_size, None), "sliding_attention": windowed}
+            return {
+                "full_attention": _mask(model, batch, kind, block_size, None),
+                "sliding_attention": windowed,
+            }
     return _mask(model, batch, kind, block_size, None)
 
 

@@ -45,7 +45,6 @@ the actor exits too, and Ray restarts both.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -62,6 +61,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from . import launch
 from .client import FloeClient
 
 __all__ = [
@@ -107,20 +107,6 @@ class FloeAddresses:
     proxy: str
     control: str
     flight: str
-
-
-try:
-    # Loaded here, not in the forked child: the actor's process has threads, and a child may
-    # only do async-signal-safe work between fork and exec (no dlopen and its locks).
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:
-    _LIBC = None
-
-
-def _pdeathsig() -> None:
-    """In the child before exec: SIGTERM when the actor's process dies. Linux only."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _hostport(url: str) -> str:
@@ -185,8 +171,7 @@ def _serve_once(floe_bin: str, data: Path, binds: Mapping[str, str], flags: Sequ
     log_from = log_path.stat().st_size if log_path.exists() else 0
     with open(out, "w") as stdout, open(log_path, "a") as log:
         # stdout to a file, not a pipe: a Go program writing to a closed pipe on fd 1 dies.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=log,
-                                start_new_session=True, preexec_fn=_pdeathsig)
+        proc = launch.start(argv, stdout=stdout, stderr=log)
     (data / PID_FILE).write_text(str(proc.pid))
     while True:
         for line in out.read_text().splitlines():

@@ -514,7 +514,9 @@ def grpo_loss(
     else:
         prox = logp.detach() if prox_logprobs is None else prox_logprobs.to(logp.device, dt).detach()
         if prox.shape != logp.shape:
-            raise ValueError(f"grpo_loss: prox_logprobs has shape {tuple(prox.shape)}, want {tuple(logp.shape)}")
+            raise ValueError(
+                f"grpo_loss: prox_logprobs has shape {tuple(prox.shape)}, want {tuple(logp.shape)}"
+            )
         ratio = _ratio(logp - prox)
         behaviour = prox - old
         # a behaviour log-ratio at the clamp is no measurement: mask the token (weight 0)

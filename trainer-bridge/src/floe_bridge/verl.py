@@ -495,7 +495,7 @@ class FloeAgentLoopManager(AgentLoopManager):
         # No Ray workers: the rows are built in this process by verl's own worker class,
         # whose post-processing (padding, masks, position ids, rm_scores) is what verl's
         # default manager runs. Its llm_client is never called.
-        self.agent_loop_workers = []
+        self.agent_loop_workers: list[Any] = []
         # verl annotates the last two as non-optional but defaults them to None (no teacher,
         # no reward loop: the runner gives the rewards).
         self.builder = AgentLoopWorker(self.config, self.llm_client, None, None)  # type: ignore[arg-type]
