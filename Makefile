@@ -213,21 +213,21 @@ bench-capacity:
 		-out benchmarks/results/capacity/large-requests
 
 # floe's packer against TRL's TreeRow + TokenBudgetBatcher as shipped (trl 1.16, the bridge's
-# trl extra, which make venv installs), on the same corpus calls, one core each; the before column is floe-bench
-# built at TRL_BEFORE, the commit before the pass cost and lockstep balance.
-TRL_BEFORE ?= 47a5161
+# trl extra, which make venv installs), on the same corpus calls, one core each. The before
+# column is floe-bench built wholly at TRL_BEFORE, the parent of batcher.refine (2ed0f65),
+# unmodified: it shows what refine changed. TRL_ARGS passes more flags to trl_bench.py (e.g.
+# --reuse-trl FILE to take TRL's figures from an earlier run on the same calls).
+TRL_BEFORE ?= 1e55854
 TRL_WORK   ?= /tmp/floe-trl-bench
+TRL_ARGS   ?=
 bench-trl: venv
 	mkdir -p $(TRL_WORK)
 	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
 	rm -rf $(TRL_WORK)/before && mkdir -p $(TRL_WORK)/before && git archive $(TRL_BEFORE) | tar -x -C $(TRL_WORK)/before
-	cp cmd/floe-bench/trl.go $(TRL_WORK)/before/cmd/floe-bench/
-	grep -q 'func Preset' $(TRL_WORK)/before/benchmarks/corpus/config.go || cp benchmarks/trl_before_preset.go.in $(TRL_WORK)/before/benchmarks/corpus/preset.go
-	sed -i 's|\tcase "proxy":|\tcase "trl":\n\t\terr = runTRL(ctx, args[1:], stdout, stderr)\n\tcase "proxy":|' $(TRL_WORK)/before/cmd/floe-bench/main.go
 	cd $(TRL_WORK)/before && $(GO) build -o $(TRL_WORK)/floe-bench-before ./cmd/floe-bench
 	rm -rf $(TRL_WORK)/before
 	TRL_EXPERIMENTAL_SILENCE=1 $(VPY) benchmarks/trl_bench.py --bin $(TRL_WORK)/floe-bench \
-		--before-bin $(TRL_WORK)/floe-bench-before --before-ref $(TRL_BEFORE) --work $(TRL_WORK)
+		--before-bin $(TRL_WORK)/floe-bench-before --before-ref $(TRL_BEFORE) --work $(TRL_WORK) $(TRL_ARGS)
 
 # End to end: replay the small synthetic corpus through floe against the reference server,
 # train the tiny model once per strategy on CPU, write the report and plots.

@@ -5,7 +5,8 @@ from the installed trl package (trl==1.16.*, trl.experimental.async_grpo), never
 floe's half runs in `floe-bench trl` (cmd/floe-bench/trl.go): it writes a corpus's
 trainable calls (prompt + response tokens, the response trained, the session's GRPO
 advantage), and packs the same calls with floe's batcher under every setting. A second
-floe-bench built at an earlier commit (--before-bin) gives the before column.
+floe-bench, built wholly at an earlier commit (--before-bin; make bench-trl builds it at the
+parent of batcher.refine), packs them at the same pass cost for the before column.
 
 Cost model: a pass (one micro-batch on one rank) costs c rows; the cost of a plan is
 tokens forwarded + c × passes, over all ranks. floe is run at each c of a grid from 0 to
@@ -16,6 +17,16 @@ TRL's planner runs forever on an endless rollout stream; here the stream ends, s
 sentinel samples of B fresh tokens are fed after the calls to make it emit its last
 micro-batch, and are removed from it (the rows holding them are rebuilt from their other
 samples with TreeRow.add, as shipped).
+
+Lockstep bound: no packer can split a call (its response needs its whole path in one
+micro-batch), and two calls x, y whose union of paths exceeds B (len x + len y - their
+common prefix > B) cannot share a micro-batch. A set H of such pairwise-exclusive calls
+(taken greedily, longest first) puts each in its own micro-batch, so lockstep micro-batch k
+costs at least its heaviest H call, and the sum over k is least when the dp heaviest share
+one k, the next dp the next: L = Σ_j cost(h_(j·dp+1)), with H sorted by cost and cost(x) =
+len + AttnCost·len(len+1)/2. Any plan of total cost at most T has lockstep imbalance
+Σ_k max_r / (T/dp) ≥ dp·L/T; with T floe's plan's cost this bounds every plan forwarding no
+more than floe's does, whatever its passes.
 """
 
 from __future__ import annotations
@@ -167,7 +178,8 @@ def parse_spec(spec: str, all_budgets):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", required=True, help="floe-bench built from this tree")
-    ap.add_argument("--before-bin", help="floe-bench built at the commit before the packer change")
+    ap.add_argument("--before-bin", help="floe-bench built wholly at an earlier commit (make bench-trl: the parent of "
+                                         "batcher.refine), run at the same c = 1024 for the before column")
     ap.add_argument("--before-ref", default="", help="that commit, for the report")
     ap.add_argument("--corpora",
                     default="cpu:32,medium:4,medium:16,default:4@65536,default:8@65536,medium:6:7@16384,longtool:2@65536",
@@ -211,9 +223,10 @@ def main() -> int:
         spec, name, groups, seed, budgets = parse_spec(spec, all_budgets)
         prefix = str(work / spec.replace(":", "-"))
         after = floe_bench(args.bin, name, groups, seed, budgets, dps, fracs + ["1024"], prefix, prefix + ".after.json")
-        before = floe_bench(args.before_bin, name, groups, seed, budgets, dps, ["0"], None, prefix + ".before.json",
+        before = floe_bench(args.before_bin, name, groups, seed, budgets, dps, ["1024"], None, prefix + ".before.json",
                             optional=True) if args.before_bin else []
         samples = load_calls(prefix)
+        exclusive = {b: exclusive_costs(samples, b) for b in budgets}
         ntok = sum(len(s["input_ids"]) for s in samples)
         print(f"{spec}: {len(samples)} calls, {ntok} tokens", file=sys.stderr)
         for b in budgets:
@@ -227,20 +240,52 @@ def main() -> int:
                 bf = [r for r in before if r["budget"] == b and r["dp"] == dp]
                 print(f"  B={b} dp={dp}: trl {t['rows']} rows {t['passes_per_rank']} passes {t['seconds']:.1f}s; "
                       f"floe {f[0]['rows']} rows {f[0]['passes_per_rank']} passes", file=sys.stderr)
+                bound = lockstep_bound(exclusive[b], dp, next((r for r in f if r["pass_cost"] == 1024), None))
                 results["settings"].append({"corpus": spec, "calls": len(samples), "tokens": ntok, "budget": b, "dp": dp,
-                                            "trl": t, "floe": f, "before": bf})
+                                            "trl": t, "floe": f, "before": bf, "lockstep_bound": bound})
                 Path(args.json).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.json).write_text(json.dumps(results, indent=1))
     for spec in filter(None, args.floe_only.split(",")):
         spec, name, groups, seed, bs = parse_spec(spec, all_budgets)
         prefix = str(work / spec.replace(":", "-"))
         after = floe_bench(args.bin, name, groups, seed, bs, dps, ["0", "1024", "1/8"], None, prefix + ".after.json")
-        before = floe_bench(args.before_bin, name, groups, seed, bs, dps, ["0"], None, prefix + ".before.json",
-                            optional=True) if args.before_bin else []
+        before = floe_bench(args.before_bin, name, groups, seed, bs, dps, ["0", "1024", "1/8"], None,
+                            prefix + ".before.json", optional=True) if args.before_bin else []
         results.setdefault("floe_only", []).append({"corpus": spec, "after": after, "before": before})
         Path(args.json).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(report(results, args))
     return 0
+
+
+def exclusive_costs(samples, budget: int) -> list[float]:
+    """Costs of a set of calls no two of which fit one micro-batch of budget rows (see the
+    module's docstring), heaviest first."""
+    seqs = sorted((s["input_ids"].numpy() for s in samples if len(s["input_ids"]) <= budget), key=len, reverse=True)
+    chosen: list = []
+    for x in seqs:
+        if 2 * len(x) <= budget and chosen and 2 * len(chosen[-1]) <= budget:
+            break  # two calls of at most B/2 always fit together: H holds at most one
+        exclusive = True
+        for h in chosen:
+            n = len(x)  # chosen calls are at least as long
+            diff = np.flatnonzero(h[:n] != x)
+            common = int(diff[0]) if len(diff) else n
+            if len(x) + len(h) - common <= budget:
+                exclusive = False
+                break
+        if exclusive:
+            chosen.append(x)
+    return sorted((len(x) + ATTN_COST * len(x) * (len(x) + 1) / 2 for x in chosen), reverse=True)
+
+
+def lockstep_bound(exclusive: list[float], dp: int, floe) -> float | None:
+    """The lockstep imbalance no plan of at most floe's cost can go below (module docstring)."""
+    if floe is None or floe.get("error") or dp < 2:
+        return None
+    # floe's cost: padded rows, plus AttnCost·Σ(depth+1) with each padding row counted once.
+    total = floe["padded_rows"] + ATTN_COST * (floe["depth_sum"] + floe["padded_rows"] - floe["rows"])
+    lower = sum(exclusive[j] for j in range(0, len(exclusive), dp))
+    return max(1.0, dp * lower / total)
 
 
 def cost(r, c, padded=False):
@@ -267,7 +312,8 @@ def report(res, args) -> str:
     out = ["# floe's packer against TRL's tree packing", ""]
     out.append(f"Command: `make bench-trl` (`benchmarks/trl_bench.py --corpora {args.corpora} --floe-only {args.floe_only} --budgets {args.budgets} "
                f"--dp {args.dp}`), trl {res['trl_version']} as installed (TokenBudgetBatcher + TreeRow.pack(), imported, "
-               f"not copied). Before: floe-bench built at {res['before_ref'] or '(none)'}.")
+               f"not copied). Before: floe-bench built wholly at {res['before_ref'] or '(none)'} (git archive, unmodified), "
+               f"run at the same c = 1024 as after.")
     out.append("")
     out.append("Tokens are rows forwarded over all ranks, padding excluded (with padding in brackets); "
                "passes are micro-batches per rank; cost = tokens + c × passes over all ranks; imbalance is rank cost "
@@ -279,7 +325,7 @@ def report(res, args) -> str:
     if reused:
         out.append("")
         out.append(f"TRL's figures for {reused} of the {len(res['settings'])} settings (their time ratio marked †) come from "
-                   "the previous run's results.json (`--reuse-trl`): the same TRL version on the same calls (corpus, call "
+                   "an earlier run's results (`--reuse-trl`): the same TRL version on the same calls (corpus, call "
                    "and token counts checked), and TRL's planner is deterministic, so only its time is from another run.")
     out.append("")
     doms = [dominance(s) for s in res["settings"] if any(not r.get("error") for r in s["floe"])]
@@ -297,16 +343,32 @@ def report(res, args) -> str:
     worst = max(dflt, default=None)
     per_dp = "; ".join(f"dp {dp}: max {max(x[0] for x in dflt if x[4] == dp):.3f} over "
                        f"{sum(x[4] == dp for x in dflt)} settings" for dp in sorted({x[4] for x in dflt}))
-    over = sum(x[0] > 1.05 for x in dflt)
+    over = [x for x in dflt if x[0] > 1.05]
+    bounds = {(s["corpus"], s["budget"], s["dp"]): s.get("lockstep_bound") for s in res["settings"]}
+    why = "; ".join(f"{x[2]} B = {x[3]} dp {x[4]}: {x[0]:.3f}, bound {bounds[x[2:]]:.3f}" for x in over
+                    if bounds.get(x[2:]) is not None)
     out.append(f"- Lockstep imbalance where ranks get ≥ 4 micro-batches each, at the default c = 1024: {per_dp}"
                + (f" (the worst: {worst[2]}, B = {worst[3]}, dp {worst[4]})" if worst else "")
-               + f"; {over} above the 1.05 target. Over every c of the grid, max "
+               + f"; {len(over)} above the 1.05 target" + (f" ({why}: the lower bound below, which no plan "
+                                                           f"forwarding at most floe's cost can beat)" if why else "")
+               + f". Over every c of the grid, max "
                f"{max((x[0] for x in lock), default=float('nan')):.3f} (c = 0 never splits a tree "
                f"that fits, so levelling there moves only whole pieces).")
     trl_lock = [(s["trl"]["lockstep_imbalance"], f["lockstep_imbalance"]) for s in res["settings"] if s["dp"] > 1
                 for f in s["floe"][-1:] if f["pass_cost"] == 1024 and not f.get("error") and f["passes_per_rank"] >= 4]
     out.append(f"- floe's lockstep imbalance (c = 1024) is at most TRL's in {sum(f <= t for t, f in trl_lock)} of "
                f"{len(trl_lock)} of those settings.")
+    # One pair per setting: at B = 65536 the grid's 1/64 is c = 1024 again.
+    pairs = [(b, f) for s in res["settings"] if s["dp"] > 1 for b in s["before"][:1]
+             for f in [next((r for r in s["floe"] if r["pass_cost"] == 1024), None)]
+             if f is not None and not f.get("error") and not b.get("error")]
+    if pairs:
+        out.append(f"- Before → after at c = 1024 ({len(pairs)} settings with dp > 1 that both builds run): lockstep "
+                   f"imbalance lower in {sum(f['lockstep_imbalance'] < b['lockstep_imbalance'] - 5e-4 for b, f in pairs)}, "
+                   f"equal (±0.0005) in {sum(abs(f['lockstep_imbalance'] - b['lockstep_imbalance']) <= 5e-4 for b, f in pairs)}, "
+                   f"higher in {sum(f['lockstep_imbalance'] > b['lockstep_imbalance'] + 5e-4 for b, f in pairs)}; "
+                   f"tokens at most before's in {sum(f['rows'] <= b['rows'] for b, f in pairs)}, passes equal in "
+                   f"{sum(f['passes_per_rank'] == b['passes_per_rank'] for b, f in pairs)}.")
     padded = [dominance(s, True) for s in res["settings"] if any(not r.get("error") for r in s["floe"])]
     out.append(f"- Counting padding as forwarded tokens (floe pads each micro-batch to a multiple of 128; TRL's collator "
                f"pads every rank's row to the micro-batch's longest): {sum(ok for ok, _ in padded)} of "
@@ -353,12 +415,32 @@ def report(res, args) -> str:
             tc, fc = cost(s["trl"], c), cost(f, c)
             out.append(f"| {s['corpus']} | {s['budget']} | {s['dp']} | {c:g} | {tc:.0f} | {fc:.0f} | {tc / fc:.3f} | "
                        f"{f['rows']} | {f['passes_per_rank']} | {f['lockstep_imbalance']:.3f} |")
+    out.append("")
+    out.append("## Lockstep imbalance at c = 1024 beside TRL, before, and the lower bound")
+    out.append("")
+    out.append("The bound (module docstring of benchmarks/trl_bench.py): calls no two of which fit one micro-batch "
+               "each take one, so lockstep micro-batch k costs at least its heaviest such call; dp·L/T, with L the "
+               "least sum of those maxima and T floe's plan's cost, bounds every plan forwarding at most floe's cost. "
+               "It uses the calls only, not floe's plan.")
+    out.append("")
+    out.append("| corpus | B | dp | floe passes/rank | TRL lockstep | before lockstep | after lockstep | lower bound | after / bound |")
+    out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for s in res["settings"]:
+        f = next((r for r in s["floe"] if r["pass_cost"] == 1024 and not r.get("error")), None)
+        if s["dp"] < 2 or f is None:
+            continue
+        b = next((r for r in s["before"] if not r.get("error")), None)
+        bound = s.get("lockstep_bound")
+        before = f"{b['lockstep_imbalance']:.3f}" if b else "-"
+        lb, ratio = (f"{bound:.3f}", f"{f['lockstep_imbalance'] / bound:.3f}") if bound else ("-", "-")
+        out.append(f"| {s['corpus']} | {s['budget']} | {s['dp']} | {f['passes_per_rank']} | "
+                   f"{s['trl']['lockstep_imbalance']:.3f} | {before} | {f['lockstep_imbalance']:.3f} | {lb} | {ratio} |")
     if any(s["before"] for s in res["settings"]):
         out.append("")
-        out.append("## Before (the packer at the earlier commit, which has no pass cost) and after (c = 1024)")
+        out.append(f"## Before (floe-bench built at {res['before_ref']}) and after, both at c = 1024")
         out.append("")
         out.append("| corpus | B | dp | before tokens | after tokens | before passes/rank | after passes/rank | "
-                   "before lockstep | after lockstep | before imb. | after imb. | before: cost ≤ TRL at c = 0 / B/8 | "
+                   "before lockstep | after lockstep | before imb. | after imb. | before: cost ≤ TRL at c = 1024 | "
                    "after: cost ≤ TRL for all c in [0, B/8] |")
         out.append("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
         for s in res["settings"]:
@@ -369,11 +451,10 @@ def report(res, args) -> str:
             if b.get("error") or f is None:
                 continue
             t = s["trl"]
-            b0, b8 = cost(b, 0) <= cost(t, 0), cost(b, s["budget"] / 8) <= cost(t, s["budget"] / 8)
             ok, _ = dominance(s)
             out.append(f"| {s['corpus']} | {s['budget']} | {s['dp']} | {b['rows']} | {f['rows']} | {b['passes_per_rank']} | "
                        f"{f['passes_per_rank']} | {b['lockstep_imbalance']:.3f} | {f['lockstep_imbalance']:.3f} | "
-                       f"{b['imbalance']:.3f} | {f['imbalance']:.3f} | {'yes' if b0 else 'NO'} / {'yes' if b8 else 'NO'} | "
+                       f"{b['imbalance']:.3f} | {f['imbalance']:.3f} | {'yes' if cost(b, 1024) <= cost(t, 1024) else 'NO'} | "
                        f"{'yes' if ok else 'NO'} |")
     if res.get("floe_only"):
         out.append("")

@@ -23,6 +23,7 @@ import (
 // inference server as a child process and floe serve in-process, their logs in work.
 type benchProcs struct {
 	work, python string
+	tokenizer    string // the reference server's -tokenizer directory; "" for its own BPE
 	progress     func(format string, a ...any)
 }
 
@@ -105,6 +106,9 @@ type refServer struct {
 
 func (b benchProcs) startRefServer(ctx context.Context, maxModelLen int) (*refServer, error) {
 	args := []string{"-m", "floe_refserver", "--port", "0", "--max-model-len", strconv.Itoa(maxModelLen)}
+	if b.tokenizer != "" {
+		args = append(args, "--tokenizer", b.tokenizer)
+	}
 	cmd := exec.Command(b.python, args...)
 	// Its own process group, so that stopping it stops anything it started too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,12 +17,13 @@ import (
 	"github.com/floe-rl/floe/trace"
 )
 
-const replayUsage = `usage: floe-bench replay -rollouts FILE.jsonl[,FILE.jsonl...] [flags]
+const replayUsage = `usage: floe-bench replay -rollouts FILE.jsonl[,FILE.jsonl...] [-tokenizer DIR] [flags]
 
 Replays real agent rollouts (NeMo Gym's format: one trajectory per line as OpenAI Responses
 output items, grouped by _ng_task_index, rewarded by reward) through floe's proxy against
 the reference inference server in script mode, which answers each call with the recorded
-output, tokenized by its BPE and scored by its model; then forms one step of every
+output, tokenized by its BPE (or -tokenizer DIR's, a model's Hugging Face tokenizer
+directory) and scored by its model; then forms one step of every
 recorded group with each strategy at B = 16k, 64k, 128k and dp 1, 8 and 16, and reports rows,
 passes, the cut floor, pack time and whether the Arrow micro-batches train exactly
 per_request's loss terms. Prints one JSON summary line per file and harness prompt on
@@ -36,6 +38,7 @@ type benchReplay struct {
 	dialects    []string
 	out         string
 	python      string
+	tokenizer   string // a Hugging Face tokenizer directory, absolute; "" for the server's BPE
 	maxModelLen int
 	repeats     int
 	keep        bool
@@ -53,6 +56,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	dialects := fs.String("dialects", "responses", "the proxy dialects to drive, comma-separated: responses, chat; the first is measured, the others must record the same tokens")
 	fs.StringVar(&b.out, "out", "", "write REPORT.md and summary.jsonl here")
 	fs.StringVar(&b.python, "python", defaultPython(), "Python with floe_refserver installed")
+	fs.StringVar(&b.tokenizer, "tokenizer", "", "a Hugging Face tokenizer directory (a model's folder with tokenizer.json) for the reference server to tokenize with (default: its own 4k BPE)")
 	fs.IntVar(&b.maxModelLen, "max-model-len", 1<<20, "the reference server's context length")
 	fs.IntVar(&b.repeats, "repeats", 3, "timed packings per setting; the fastest counts")
 	fs.BoolVar(&b.keep, "keep", false, "keep the work folder (data dirs and logs)")
@@ -70,6 +74,13 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
+	if b.tokenizer != "" {
+		dir, err := checkTokenizerDir(b.tokenizer)
+		if err != nil {
+			return fmt.Errorf("-tokenizer: %w", err)
+		}
+		b.tokenizer = dir
+	}
 	if len(b.harnesses) == 0 {
 		b.harnesses = []string{"none"}
 	}
@@ -82,6 +93,35 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return errors.New("-dialects: give at least one")
 	}
 	return b.run(ctx, stdout)
+}
+
+// checkTokenizerDir returns dir made absolute (the server runs elsewhere) when it holds a
+// tokenizer.json the reference server can load: a JSON object with a tokenizer model.
+// The server itself loads it; this says what is wrong before anything starts.
+func checkTokenizerDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("tokenizer directory %s: %w", dir, err)
+	} else if !fi.IsDir() {
+		return "", fmt.Errorf("tokenizer directory %s: not a directory", dir)
+	}
+	raw, err := os.ReadFile(filepath.Join(abs, "tokenizer.json"))
+	if err != nil {
+		return "", fmt.Errorf("tokenizer directory %s: want a Hugging Face tokenizer directory (a model's, with tokenizer.json): %w", dir, err)
+	}
+	var tok struct {
+		Model map[string]json.RawMessage `json:"model"`
+	}
+	if err := json.Unmarshal(raw, &tok); err != nil {
+		return "", fmt.Errorf("tokenizer directory %s: tokenizer.json: %w", dir, err)
+	}
+	if len(tok.Model) == 0 {
+		return "", fmt.Errorf("tokenizer directory %s: tokenizer.json has no tokenizer model", dir)
+	}
+	return abs, nil
 }
 
 func splitList(s string) []string {
@@ -108,7 +148,7 @@ func (b *benchReplay) run(ctx context.Context, stdout io.Writer) error {
 	} else {
 		defer func() { _ = os.RemoveAll(work) }() // a temporary directory: best effort
 	}
-	procs := benchProcs{work: work, python: b.python, progress: b.progress}
+	procs := benchProcs{work: work, python: b.python, tokenizer: b.tokenizer, progress: b.progress}
 	ref, err := procs.startRefServer(ctx, b.maxModelLen)
 	if err != nil {
 		return err
@@ -226,8 +266,13 @@ func (b *benchReplay) write(results []replay.Result) error {
 	if err := os.WriteFile(filepath.Join(b.out, "summary.jsonl"), []byte(lines.String()), 0o644); err != nil {
 		return err
 	}
-	doc := fmt.Sprintf("# Real agent rollouts through floe: rows per strategy\n\nCommand: `%s` (`make bench-replay`)\n\nMachine: %s\n\n",
-		b.command, fmt.Sprintf("%s, %d logical CPUs, %s %s/%s", cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)) + replayMethod + replay.Markdown(results)
+	tokenizer := "the reference server's own byte-level BPE (4k tokens)"
+	if b.tokenizer != "" {
+		tokenizer = fmt.Sprintf("%s/tokenizer.json (-tokenizer; the ChatML and markup tokens it lacks appended after its vocabulary)", b.tokenizer)
+	}
+	doc := fmt.Sprintf("# Real agent rollouts through floe: rows per strategy\n\nCommand: `%s` (`make bench-replay`)\n\nMachine: %s\n\nTokenizer: %s\n\n",
+		b.command, fmt.Sprintf("%s, %d logical CPUs, %s %s/%s", cpuModel(), runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH), tokenizer) +
+		replayMethod + replay.Markdown(results)
 	path := filepath.Join(b.out, "REPORT.md")
 	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
 		return err
@@ -242,7 +287,7 @@ const replayMethod = "Each line of a rollouts file is one trajectory as OpenAI R
 	"before a run of model outputs (messages, function calls and outputs, reasoning), the\n" +
 	"answer is that run. Each call went through `floe serve`'s proxy (in-process) to the\n" +
 	"reference inference server in script mode, which answered with the recorded output as\n" +
-	"vLLM would: token ids from its byte-level BPE and log-probs from its seeded model, scored\n" +
+	"vLLM would: token ids from its tokenizer (above) and log-probs from its seeded model, scored\n" +
 	"by teacher forcing. Sessions were replayed one at a time; the rollouts of one\n" +
 	"`_ng_task_index` are one GRPO group, rewarded by `reward`. Tool-call arguments are\n" +
 	"scripted in Python's json.dumps spacing, as the chat template writes them back into the\n" +

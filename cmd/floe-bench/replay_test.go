@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,5 +73,104 @@ func TestReplayTinyRollouts(t *testing.T) {
 	}
 	if strings.Contains(string(doc), "**NO**") {
 		t.Errorf("REPORT.md reports unequal loss terms:\n%s", doc)
+	}
+
+	// -tokenizer: the same rollouts tokenized by a model's tokenizer directory, here a
+	// byte-level one without merges, so every byte is a token: more tokens than the
+	// server's BPE gives, with the loss terms still equal in both dialects.
+	tokDir := t.TempDir()
+	writeByteTokenizer(t, tokDir)
+	stdout.Reset()
+	stderr.Reset()
+	code = run(context.Background(), []string{"replay", "-rollouts", "../../benchmarks/replay/testdata/tiny_rollouts.jsonl",
+		"-tokenizer", tokDir, "-dialects", "responses,chat", "-python", py, "-repeats", "1",
+		"-max-model-len", "65536", "-out", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("-tokenizer: exit %d, stderr:\n%s", code, stderr.String())
+	}
+	var s replay.Summary
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &s); err != nil {
+		t.Fatalf("-tokenizer: summary %q: %v", stdout.String(), err)
+	}
+	if s.Calls != 12 || !s.LossTermsEqual || s.PerRequestTokens <= 2*perRequest[0] {
+		t.Errorf("-tokenizer (bytes): %+v; want 12 calls, equal loss terms and more than twice the BPE's %d per_request tokens",
+			s, perRequest[0])
+	}
+	if doc, err := os.ReadFile(filepath.Join(out, "REPORT.md")); err != nil || !strings.Contains(string(doc), "Tokenizer: "+tokDir+"/tokenizer.json") {
+		t.Errorf("REPORT.md does not name the tokenizer directory (%v):\n%s", err, doc)
+	}
+}
+
+// writeByteTokenizer writes a Hugging Face tokenizer.json into dir: byte-level BPE with no
+// merges (GPT-2's byte-to-character map), none of the server's ChatML or markup tokens.
+func writeByteTokenizer(t *testing.T, dir string) {
+	t.Helper()
+	vocab := map[string]int{}
+	n := 0
+	for b := range 256 {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE && b <= 0xFF) {
+			r = rune(256 + n) // GPT-2 moves the bytes that are not printable past 255
+			n++
+		}
+		vocab[string(r)] = b
+	}
+	byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+	doc, err := json.Marshal(map[string]any{
+		"version": "1.0", "added_tokens": []any{}, "normalizer": nil, "post_processor": nil,
+		"pre_tokenizer": byteLevel, "decoder": byteLevel,
+		"model": map[string]any{"type": "BPE", "vocab": vocab, "merges": []any{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), doc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckTokenizerDir(t *testing.T) {
+	root := t.TempDir()
+	mk := func(name, tokenizerJSON string) string {
+		d := filepath.Join(root, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if tokenizerJSON != "" {
+			if err := os.WriteFile(filepath.Join(d, "tokenizer.json"), []byte(tokenizerJSON), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+	good := mk("good", `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}`)
+	for _, tc := range []struct {
+		name, dir, want string
+	}{
+		{"a tokenizer directory", good, ""},
+		{"missing", filepath.Join(root, "absent"), "no such file"},
+		{"a file", filepath.Join(good, "tokenizer.json"), "not a directory"},
+		{"no tokenizer.json", mk("empty", ""), "want a Hugging Face tokenizer directory"},
+		{"not JSON", mk("corrupt", "{not json"), "tokenizer.json: invalid character"},
+		{"no model", mk("nomodel", `{"version": "1.0"}`), "has no tokenizer model"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := checkTokenizerDir(tc.dir)
+			if tc.want == "" {
+				if err != nil || got != tc.dir {
+					t.Fatalf("checkTokenizerDir(%s) = %q, %v; want the directory, no error", tc.dir, got, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.dir) {
+				t.Fatalf("checkTokenizerDir(%s) error %v; want one naming the directory with %q", tc.dir, err, tc.want)
+			}
+		})
+	}
+	// The command says so before it starts anything.
+	var stderr bytes.Buffer
+	if code := run(context.Background(), []string{"replay", "-rollouts", "x.jsonl", "-tokenizer", root}, io.Discard, &stderr); code == 0 ||
+		!strings.Contains(stderr.String(), "-tokenizer: tokenizer directory "+root) {
+		t.Errorf("floe-bench replay -tokenizer %s: exit %d, stderr %q; want a -tokenizer error", root, code, stderr.String())
 	}
 }

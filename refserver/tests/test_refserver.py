@@ -24,6 +24,7 @@ from floe_refserver import (
     tokenizer_json_path,
     train_tokenizer,
 )
+from floe_refserver.tokenizer import token_bytes
 from floe_stack import Child, Stack, refserver_argv
 
 TOOLS: Any = [
@@ -220,6 +221,64 @@ def test_tokenizer_deterministic_and_cached(tmp_path: Path) -> None:
         assert len(tok.encode(t, add_special_tokens=False)) == 1, t
     text = "def f(x):\n    return {'ü': x}  # naïve 🙂"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def write_byte_tokenizer(directory: Path) -> None:
+    """A model-like tokenizer.json with none of the server's tokens: byte-level, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    bt = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    bt.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bt.decoder = decoders.ByteLevel()
+    directory.mkdir(parents=True, exist_ok=True)
+    bt.save(str(directory / "tokenizer.json"))
+
+
+def test_tokenizer_from_a_model_directory(tmp_path: Path) -> None:
+    write_byte_tokenizer(tmp_path / "bytes")
+    tok = load_tokenizer(tokenizer_dir=tmp_path / "bytes")
+    markup = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+    # The 256 bytes keep their ids; the ChatML and markup tokens follow, in order.
+    assert len(tok) == 256 + 3 + len(markup)
+    added = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *markup]
+    assert tok.convert_tokens_to_ids(added) == list(range(256, 256 + len(added)))
+    text = render(tok, [{"role": "user", "content": "naïve 🙂 <think>x</think>"}])
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids.count(tok.convert_tokens_to_ids("<think>")) == 1 and ids[0] == 257
+    assert b"".join(token_bytes(tok, i) for i in ids).decode() == text
+    # The shipped BPE's own tokens keep their ids when a directory holds it.
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "shipped" / "tokenizer.json").write_text(tokenizer_json_path(tmp_path / "cache").read_text())
+    shipped, again = load_tokenizer(tmp_path / "cache"), load_tokenizer(tokenizer_dir=tmp_path / "shipped")
+    assert again.get_vocab() == shipped.get_vocab()
+
+
+@pytest.mark.parametrize(
+    ("make", "want"),
+    [
+        (lambda d: None, "not a directory"),
+        (lambda d: d.mkdir(), "no tokenizer.json"),
+        (lambda d: (d.mkdir(), (d / "tokenizer.json").write_text("{not json")), "does not load"),
+    ],
+    ids=["missing", "empty", "corrupt"],
+)
+def test_tokenizer_directory_errors(tmp_path: Path, make: Any, want: str) -> None:
+    d = tmp_path / "tok"
+    make(d)
+    with pytest.raises(ValueError, match=want) as e:
+        load_tokenizer(tokenizer_dir=d)
+    assert str(d) in str(e.value)
+
+
+SMOLLM2 = Path.home() / ".cache" / "floe" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(), reason="SmolLM2 not fetched (make test-vllm)")
+def test_tokenizer_smollm2_keeps_its_chatml_ids() -> None:
+    tok = load_tokenizer(tokenizer_dir=SMOLLM2)
+    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+    assert tok.convert_tokens_to_ids("<tool_call>") == 49152 and len(tok) == 49158
 
 
 def test_chat_template_tool_conversation(tok: Any) -> None:

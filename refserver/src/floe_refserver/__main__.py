@@ -33,6 +33,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="model weights and the default sampling stream")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--cache-dir", default=None, help="tokenizer cache (default ~/.cache/floe-refserver)")
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="a Hugging Face tokenizer directory (its tokenizer.json) to use instead of the shipped BPE",
+    )
     ap.add_argument("--script", default=None, help="JSON list of scripted assistant outputs to queue")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--log-level", default="INFO")
@@ -49,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     t0 = time.monotonic()
-    tok = load_tokenizer(args.cache_dir)
+    try:
+        tok = load_tokenizer(args.cache_dir, args.tokenizer)
+    except ValueError as e:
+        raise SystemExit(f"--tokenizer: {e}") from e
     t1 = time.monotonic()
     model = build_model(len(tok), seed=args.seed, max_model_len=args.max_model_len)
     ref = RefServer(tok, Engine(model, seed=args.seed), args.model_name, args.max_model_len)

@@ -180,11 +180,39 @@ def tokenizer_json_path(cache_dir: str | os.PathLike[str] | None = None) -> Path
     return path
 
 
-def load_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> PreTrainedTokenizerFast:
-    """The server's tokenizer as a transformers fast tokenizer with the ChatML template."""
-    path = tokenizer_json_path(cache_dir)
+def tokenizer_from_dir(directory: str | os.PathLike[str]) -> Tokenizer:
+    """A model's own tokenizer: the ``tokenizer.json`` of a Hugging Face tokenizer directory
+    (a model's folder, as vLLM loads it). The server's chat template and parser need the
+    ChatML control tokens and the markup tokens as single tokens; those the vocabulary
+    lacks are appended after it, as a fine-tune that adds them would, and those it has keep
+    their ids. Raises ValueError, naming the directory, when it holds no readable
+    tokenizer.json."""
+    d = Path(directory)
+    path = d / "tokenizer.json"
+    if not d.is_dir():
+        raise ValueError(f"tokenizer directory {d}: not a directory")
+    if not path.is_file():
+        raise ValueError(f"tokenizer directory {d}: no tokenizer.json (want a Hugging Face tokenizer's)")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+        raise ValueError(f"tokenizer directory {d}: tokenizer.json does not load: {e}") from e
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
+    return tok
+
+
+def load_tokenizer(
+    cache_dir: str | os.PathLike[str] | None = None, tokenizer_dir: str | os.PathLike[str] | None = None
+) -> PreTrainedTokenizerFast:
+    """The server's tokenizer as a transformers fast tokenizer with the ChatML template: the
+    shipped BPE, or with ``tokenizer_dir`` a model's own (``tokenizer_from_dir``)."""
+    if tokenizer_dir is not None:
+        backend = tokenizer_from_dir(tokenizer_dir)
+    else:
+        backend = Tokenizer.from_file(str(tokenizer_json_path(cache_dir)))
     tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=Tokenizer.from_file(str(path)),
+        tokenizer_object=backend,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         clean_up_tokenization_spaces=False,
@@ -247,4 +275,8 @@ def token_bytes(tok: PreTrainedTokenizerFast, token_id: int) -> bytes:
     if piece in SPECIAL_TOKENS or piece in MARKUP_TOKENS:
         return piece.encode()
     dec = _byte_decoder()
-    return bytes(dec[c] for c in piece)
+    try:
+        return bytes(dec[c] for c in piece)
+    except KeyError:
+        # Not a byte-level piece (a model's tokenizer from a directory may be another kind).
+        return tok.backend_tokenizer.decode([token_id], skip_special_tokens=False).encode()
