@@ -57,7 +57,10 @@ test-go: go-deps
 
 # --- Python: trainer bridge, reference server + process launcher ------------
 
+# uv.lock covers Python 3.11 to 3.14 (the root pyproject says why); outside it every locked
+# version's marker is false and uv would install unlocked versions without a word.
 $(VPY):
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v < (3, 15) else "$(PYTHON) is Python %d.%d: floe'"'"'s venv needs 3.11 to 3.14 (uv.lock); make PYTHON=python3.12 ..." % v)'
 	$(PYTHON) -m venv $(VENV)
 
 # make demo installs only what the demo runs (torch, transformers, pyarrow, the openai
@@ -223,6 +226,7 @@ TRL_ARGS   ?=
 bench-trl: venv
 	mkdir -p $(TRL_WORK)
 	$(GO) build -o $(TRL_WORK)/floe-bench ./cmd/floe-bench
+	@git cat-file -e '$(TRL_BEFORE)^{commit}' 2>/dev/null || { echo "bench-trl: commit $(TRL_BEFORE) (the before build) is not in this clone: git fetch --unshallow, or TRL_BEFORE=<commit>"; exit 1; }
 	rm -rf $(TRL_WORK)/before && mkdir -p $(TRL_WORK)/before && git archive $(TRL_BEFORE) | tar -x -C $(TRL_WORK)/before
 	cd $(TRL_WORK)/before && $(GO) build -o $(TRL_WORK)/floe-bench-before ./cmd/floe-bench
 	rm -rf $(TRL_WORK)/before

@@ -56,7 +56,7 @@ say "installing verl==$VERL_VERSION (with its verl-core extra: the agent loop's 
 "$UV" pip install --python "$VENV/bin/python" \
 	"verl[verl-core]==$VERL_VERSION" "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION" "ray[default]==$RAY_VERSION" \
 	-e "$ROOT/trainer-bridge[torch,test]" -e "$ROOT/refserver[demo,test]" \
-	"mypy>=1.10" "ruff>=0.5"
+	"mypy==2.4.1" "ruff==0.17.6"
 rm -f "$VENV"/.floe-verl-installed-*
 touch "$STAMP"
 say "done: $VENV"

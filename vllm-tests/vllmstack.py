@@ -2,7 +2,8 @@
 and wait; and the recording relay between floe and vLLM.
 
 Used by conftest.py (once per test session) and capture.py. Runs in the main venv; vLLM
-runs as a child process from .venv-vllm (vllm-tests/install.sh). Standard library only.
+runs as a child process from .venv-vllm (vllm-tests/install.sh), started through
+floe_bridge.launch. The standard library otherwise.
 """
 
 from __future__ import annotations

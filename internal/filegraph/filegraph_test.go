@@ -2,6 +2,7 @@ package filegraph
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -89,5 +90,48 @@ func TestLoadRefusesABrokenPackage(t *testing.T) {
 	dir := writeModule(t, map[string]string{"a.go": "package p\n\nvar X = undefined\n"})
 	if _, err := Load(context.Background(), dir); err == nil {
 		t.Fatal("Load of a package that does not type-check returned no error")
+	}
+}
+
+// ring is n files, each using the next, the last the first: one knot, broken by one
+// back reference whichever way it is stacked.
+func ring(n int) Graph {
+	g := Graph{Uses: map[string][]string{}}
+	for i := range n {
+		g.Files = append(g.Files, fmt.Sprintf("f%02d.go", i))
+	}
+	for i, f := range g.Files {
+		g.Uses[f] = []string{g.Files[(i+1)%n]}
+	}
+	return g
+}
+
+func TestStackSizes(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		g        Graph
+		backRefs int
+		exact    bool
+	}{
+		{"no knot", Graph{Files: []string{"a.go", "b.go", "c.go"}, Uses: map[string][]string{"a.go": {"b.go", "c.go"}, "b.go": {"c.go"}}}, 0, true},
+		{"a ring within the exact search", ring(exactLimit), 1, true},
+		// greedy above it: the count is a bound, here the minimum too
+		{"a ring beyond it", ring(exactLimit + 5), 1, false},
+		{"two rings beyond it", func() Graph {
+			g := ring(exactLimit + 2)
+			g.Uses["f00.go"] = append(g.Uses["f00.go"], "f05.go")
+			g.Uses["f05.go"] = append(g.Uses["f05.go"], "f00.go")
+			return g
+		}(), 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fl := tc.g.Stack()
+			if len(fl.BackRefs) != tc.backRefs || fl.Exact != tc.exact {
+				t.Errorf("back references %v (exact %v), want %d (exact %v)", fl.BackRefs, fl.Exact, tc.backRefs, tc.exact)
+			}
+			if len(fl.Order) != len(tc.g.Files) {
+				t.Errorf("order %v does not hold the %d files", fl.Order, len(tc.g.Files))
+			}
+		})
 	}
 }

@@ -25,7 +25,11 @@ func main() {
 		os.Exit(1)
 	}
 	fl := g.Stack()
-	fmt.Printf("%d files, %d references running back up\n", len(g.Files), len(fl.BackRefs))
+	bound := ""
+	if !fl.Exact {
+		bound = " (at most: stacked greedily)"
+	}
+	fmt.Printf("%d files, %d references running back up%s\n", len(g.Files), len(fl.BackRefs), bound)
 	for _, f := range fl.Order {
 		fmt.Printf("  %-20s uses %v\n", f, g.Uses[f])
 	}

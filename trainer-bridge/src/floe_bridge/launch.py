@@ -42,7 +42,9 @@ def _child_setup(parent: int) -> None:
         return
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before prctl: no signal will come
-        os.kill(os.getpid(), signal.SIGTERM)
+        # _exit, not a signal to itself: a Python SIGTERM handler inherited from the parent
+        # (Ray installs one) would run here, in the forked child, before exec
+        os._exit(1)
 
 
 @overload
