@@ -57,8 +57,6 @@ func TestTrickledBodyHoldsNoSlot(t *testing.T) {
 	up := &fakeVLLM{t: t, prompt: []int32{1}, pieces: answer(), finish: "stop"}
 	upstream := httptest.NewServer(up.handler())
 	defer upstream.Close()
-	store, px := limitsProxy(t, upstream.URL, proxy.Limits{ClientIdle: time.Minute, MaxInflight: 1, MaxInflightPerSession: 1}, nil)
-	store.AddSession("k2", "s2")
 	for _, tc := range []struct {
 		name   string
 		sender string
@@ -67,6 +65,10 @@ func TestTrickledBodyHoldsNoSlot(t *testing.T) {
 		{"the trickler's own session", "k"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// a proxy of its own: the other case's trickle, stopped, may still hold its
+			// session's reading place for a moment
+			store, px := limitsProxy(t, upstream.URL, proxy.Limits{ClientIdle: time.Minute, MaxInflight: 1, MaxInflightPerSession: 1}, nil)
+			store.AddSession("k2", "s2")
 			stop := make(chan struct{})
 			defer close(stop)
 			startTrickle(t, px, "k", 5*time.Millisecond, stop)
@@ -74,14 +76,26 @@ func TestTrickledBodyHoldsNoSlot(t *testing.T) {
 			// second trickle of the same key shows it (refused: one reading at a time
 			// here), without any sleep.
 			waitRefused(t, px, "k")
-			req, _ := http.NewRequest(http.MethodPost, px+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, "")))
-			req.Header.Set("Authorization", "Bearer "+tc.sender)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			// A probe of waitRefused admitted before the trickle's headers can still hold
+			// the one slot for a moment after its answer reached the client: another
+			// session's call refused for capacity is tried again while the trickle goes on.
+			// A trickle that held the slot would keep refusing it until the hang guard.
+			deadline := time.Now().Add(10 * time.Second)
+			var resp *http.Response
+			var b []byte
+			for {
+				req, _ := http.NewRequest(http.MethodPost, px+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(chatBody, "")))
+				req.Header.Set("Authorization", "Bearer "+tc.sender)
+				var err error
+				if resp, err = http.DefaultClient.Do(req); err != nil {
+					t.Fatal(err)
+				}
+				b, _ = io.ReadAll(resp.Body)
+				_ = resp.Body.Close() // read whole
+				if tc.sender != "k2" || resp.StatusCode != 429 || !strings.Contains(string(b), "concurrent calls") || time.Now().After(deadline) {
+					break
+				}
 			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
 			switch {
 			case tc.sender == "k2" && resp.StatusCode != 200:
 				t.Errorf("another session's call while a body trickles: %d %s; want 200 (the trickle holds no slot)", resp.StatusCode, b)
