@@ -77,6 +77,17 @@ class Stack:
         """How many scripted outputs no request has taken."""
         return http("GET", self.upstream + "/script")["remaining"]  # type: ignore[no-any-return]
 
+    def script_held(self) -> int:
+        """How many requests wait upstream on a scripted output that holds them."""
+        return http("GET", self.upstream + "/script")["held"]  # type: ignore[no-any-return]
+
+    def release(self) -> int:
+        """Let the requests held upstream answer."""
+        return http("POST", self.upstream + "/script/release", {})["released"]  # type: ignore[no-any-return]
+
+    def paused(self) -> bool:
+        return bool(http("GET", self.control + "/floe/v1/status")["paused"])
+
     def calls(self, session: str) -> list[dict[str, Any]]:
         calls: list[dict[str, Any]] | None = http("GET", f"{self.control}/floe/v1/sessions/{session}")[
             "calls"

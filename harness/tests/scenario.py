@@ -13,6 +13,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -196,15 +197,22 @@ def run_weight_sync(stack: Stack, h: Harness, env: dict[str, str] | None = None)
             "match": {"tool": tool, "contains": ANSWER},
         }
         last = answer(h, "The file is short; the code is all it says.", SIZE)
-    stack.script([read(h, work, REASONING, QUESTION), second, last])
+    # The first answer is held upstream until floe is paused: the pause then lands between
+    # the first call and the second whatever the machine's speed (a harness makes its next
+    # call within milliseconds of an answer, sooner than a pause can follow).
+    stack.script([read(h, work, REASONING, QUESTION) | {"hold": True}, second, last])
     proc = subprocess.Popen(cmd, env=base | (env or {}), cwd=work, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: len(stack.calls(s.id)) >= 1, h.timeout, f"{h.name}'s first call")
-        version: int = stack.pause()["policy_version"]  # waits for any call in flight
+        wait_for(lambda: stack.script_held() >= 1, h.timeout, f"{h.name}'s first call upstream")
+        with ThreadPoolExecutor(1) as pool:
+            pausing = pool.submit(stack.pause)  # returns once the call in flight has ended
+            wait_for(stack.paused, h.timeout, "floe to close its gate")
+            stack.release()
+            version: int = pausing.result()["policy_version"]
         try:
             held = len(stack.calls(s.id))
-            assert held < 3, "the whole task finished before the pause"
+            assert 1 <= held < 3, f"{held} calls recorded before the pause"
             time.sleep(1.5)
             assert len(stack.calls(s.id)) == held, "a call went upstream while paused"
             assert proc.poll() is None, f"{h.name} exited while paused"

@@ -362,7 +362,7 @@ def test_models_and_errors(server: str) -> None:
 def test_script_mode_token_faithful(server: str, tok: Any) -> None:
     script(server, TOOL_OUTPUT)
     res = post(server + "/chat/completions", chat_body(top_logprobs=3))
-    assert call("GET", root(server) + "/script")[1] == {"remaining": 0}
+    assert call("GET", root(server) + "/script")[1] == {"remaining": 0, "held": 0}
     ch = res["choices"][0]
     rendered = render_assistant_turn(
         tok,
@@ -546,7 +546,7 @@ def test_script_file_and_n(tmp_path: Path, cache_dir: Path, tok: Any) -> None:
     with Stack(tmp_path / "logs", grace=20) as st:
         proc, hello = st.start_server("refserver", argv)
         base = hello["base_url"]
-        assert call("GET", root(base) + "/script")[1] == {"remaining": 2}
+        assert call("GET", root(base) + "/script")[1] == {"remaining": 2, "held": 0}
         res = post(
             base + "/chat/completions", {"model": "m2", "messages": USER, "n": 2, "return_token_ids": True}
         )
@@ -588,6 +588,32 @@ def test_script_match_skips_side_calls(server: str) -> None:
     main = post(server + "/chat/completions", {"model": "floe-ref", "tools": [tool],
                 "messages": [{"role": "user", "content": "read notes"}]})
     assert main["choices"][0]["message"]["content"] == "for the agent"
+
+
+def test_script_hold_waits_for_release(server: str) -> None:
+    """An output with "hold" answers only after POST /script/release: a test can act (pause
+    floe) while the call is known to be upstream. DELETE /script releases too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = server.removesuffix("/v1")
+    body = {"model": "floe-ref", "max_tokens": 4, "messages": USER}
+    for let_go in ("/script/release", "/script"):
+        post(base + "/script", {"outputs": [{"content": "held", "hold": True}]})
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post, server + "/chat/completions", body)
+            deadline = time.monotonic() + 60  # a hang guard, not a measure
+            while call("GET", base + "/script")[1] != {"remaining": 0, "held": 1}:
+                assert time.monotonic() < deadline, "the request never took the held output"
+                time.sleep(0.05)
+            assert not answer.done(), "a held output answered before its release"
+            if let_go == "/script/release":
+                assert post(base + let_go, {}) == {"released": 1}
+            else:
+                assert call("DELETE", base + let_go)[0] == 200
+            assert answer.result(timeout=60)["choices"][0]["message"]["content"] == "held"
+        assert call("GET", base + "/script")[1] == {"remaining": 0, "held": 0}
+    status, err = call("POST", base + "/script", {"outputs": [{"content": "x", "hold": "yes"}]})
+    assert status == 400 and "hold" in json.dumps(err)
 
 
 def test_sampling_at_a_temperature_returns_processed_logprobs(server: str, tok: Any) -> None:

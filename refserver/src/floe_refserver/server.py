@@ -44,10 +44,12 @@ class APIError(Exception):
 
 def validate_output(o: Any) -> dict[str, Any]:
     """A scripted assistant output: {"content"?, "reasoning"?, "tool_calls"?: [{"name",
-    "arguments"}], "finish"?: "stop"|"length", "match"?: {"tool"?: str, "contains"?: str}}.
-    With "match", the output answers only a request that offers a tool of that name and
-    whose messages contain that text; harnesses make side calls (titles, summaries) that
-    must not take the outputs meant for the conversation."""
+    "arguments"}], "finish"?: "stop"|"length", "match"?: {"tool"?: str, "contains"?: str},
+    "hold"?: bool}. With "match", the output answers only a request that offers a tool of
+    that name and whose messages contain that text; harnesses make side calls (titles,
+    summaries) that must not take the outputs meant for the conversation. With "hold", the
+    request that takes it waits before answering until POST /script/release (or DELETE
+    /script): a test can act while a call is known to be in flight upstream."""
     if not isinstance(o, dict):
         raise APIError("a scripted output must be an object")
     m = o.get("match", {})
@@ -57,12 +59,14 @@ def validate_output(o: Any) -> dict[str, Any]:
         or not all(isinstance(v, str) for v in m.values())
     ):
         raise APIError('scripted "match" must be {"tool"?: str, "contains"?: str}')
-    unknown = set(o) - {"content", "reasoning", "tool_calls", "finish", "match"}
+    unknown = set(o) - {"content", "reasoning", "tool_calls", "finish", "match", "hold"}
     if unknown:
         raise APIError(f"unknown fields in scripted output: {sorted(unknown)}")
     for k in ("content", "reasoning"):
         if o.get(k) is not None and not isinstance(o[k], str):
             raise APIError(f"scripted output {k!r} must be a string")
+    if not isinstance(o.get("hold", False), bool):
+        raise APIError('scripted output "hold" must be a boolean')
     if o.get("finish", "stop") not in ("stop", "length"):
         raise APIError('scripted output "finish" must be "stop" or "length"')
     calls = o.get("tool_calls") or []
@@ -77,6 +81,35 @@ class ScriptQueue:
     def __init__(self) -> None:
         self._q: collections.deque[dict[str, Any]] = collections.deque()
         self._lock = threading.Lock()
+        # held outputs' requests wait for a release: each release (or clear) starts a new
+        # round, and a request waits until the round it arrived in ends
+        self._released = threading.Condition(self._lock)
+        self._round = 0
+        self._holding = 0
+
+    def wait_if_held(self, o: dict[str, Any]) -> None:
+        """Block the request that took o, when o holds, until the next release."""
+        if not o.get("hold"):
+            return
+        with self._released:
+            arrived = self._round
+            self._holding += 1
+            try:
+                self._released.wait_for(lambda: self._round != arrived)
+            finally:
+                self._holding -= 1
+
+    def release(self) -> int:
+        """Let every held request answer; returns how many were held."""
+        with self._released:
+            n = self._holding
+            self._round += 1
+            self._released.notify_all()
+            return n
+
+    def holding(self) -> int:
+        with self._lock:
+            return self._holding
 
     def push(self, outputs: list[Any]) -> int:
         checked = [validate_output(o) for o in outputs]
@@ -94,9 +127,12 @@ class ScriptQueue:
             return None
 
     def clear(self) -> int:
-        with self._lock:
+        """Drop the outputs left, and release the requests held."""
+        with self._released:
             n = len(self._q)
             self._q.clear()
+            self._round += 1
+            self._released.notify_all()
             return n
 
     def __len__(self) -> int:
@@ -317,6 +353,7 @@ class RefServer:
         out = self.script.pop(lambda m: self._fits(m, req))
         k = req.top_logprobs if req.logprobs else 0
         if out is not None:
+            self.script.wait_if_held(out)
             text = render_assistant_turn(self.tok, scripted_message(out))
             finish = out.get("finish") or "stop"
             if finish == "length":
@@ -657,6 +694,7 @@ class Handler(BaseHTTPRequestHandler):
             "/collective_rpc": {"POST": lambda: self._send(200, self.ref.collective_rpc(self._json_body()))},
             "/reset_prefix_cache": {"POST": self._reset_prefix_cache},
             "/script": {"GET": self._script_get, "POST": self._script_post, "DELETE": self._script_delete},
+            "/script/release": {"POST": self._script_release},
             "/generations": {"GET": lambda: self._send(200, {"generations": list(self.ref.generations)})},
             "/health": {"GET": self._health},
             "/version": {"GET": lambda: self._send(200, {"version": "floe-refserver"})},
@@ -710,7 +748,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, self.ref.reset_prefix_cache())
 
     def _script_get(self) -> None:
-        self._send(200, {"remaining": len(self.ref.script)})
+        self._send(200, {"remaining": len(self.ref.script), "held": self.ref.script.holding()})
 
     def _script_post(self) -> None:
         body = self._json_body()
@@ -719,6 +757,10 @@ class Handler(BaseHTTPRequestHandler):
             raise APIError('POST /script needs {"outputs": [...]}')
         remaining = self.ref.script.push(outputs)
         self._send(200, {"queued": len(outputs), "remaining": remaining})
+
+    def _script_release(self) -> None:
+        self._read_body()
+        self._send(200, {"released": self.ref.script.release()})
 
     def _script_delete(self) -> None:
         self._read_body()
