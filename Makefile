@@ -168,14 +168,15 @@ lint:
 # ruff on every tracked Python file (each directory's nearest config: the packages'
 # pyprojects, learn/, vllm-tests/ and verl-tests/'s ruff.toml, the root pyproject for the
 # rest), mypy strict on the two packages, learn/ and the vLLM suite. mypy reads the venv's
-# torch, transformers, trl and ray, so it needs the tests' venv. floe_bridge.verl is checked
+# torch, transformers, trl and ray, so it needs the tests' venv, and learn/'s matplotlib (make
+# learn's one extra package), so learn/ is checked against its real types. floe_bridge.verl is checked
 # against verl itself in .venv-verl by make test-verl (verl-tests/install.sh installs mypy
 # there), and verl-tests/ is ruff-checked only: mypy on it needs verl.
 MYPY := $(abspath $(VENV))/bin/mypy
 
 lint: lint-py
 
-lint-py: $(STAMP)
+lint-py: $(STAMP) $(LEARN_STAMP)
 	$(VENV)/bin/ruff check .
 	cd $(BRIDGE) && $(MYPY) src
 	cd $(REFSERVER) && $(MYPY) src
