@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,11 +50,11 @@ func (r repeatReader) Read(p []byte) (int, error) {
 }
 
 // TestPeakMemoryPerMaximumSizeRequest: N concurrent requests of the maximum body size
-// raise the proxy's live heap by at most twice their bodies when the bulk is a field floe
+// raise the proxy's live heap by at most one body each when the bulk is a field floe
 // ignores (a hostile harness's padding: it is neither decoded, nor sent upstream, nor
-// stored) and when it is message text (the body, then the decoded text, then the text and
-// the upstream request: two at a time). A twentieth of a body per request is allowed
-// for connections, buffers and goroutines.
+// stored), and by at most two when it is message text (the body, then the decoded text,
+// then the text and the upstream request: two at a time). A twentieth of a body per
+// request is allowed for connections, buffers and goroutines.
 func TestPeakMemoryPerMaximumSizeRequest(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("sends hundreds of MiB; heap peaks mean nothing under the race detector")
@@ -62,20 +63,14 @@ func TestPeakMemoryPerMaximumSizeRequest(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		unknown bool
-		want    float64 // the most heap per request, in bodies
+		want    float64 // the most live heap per request, in bodies
 	}{
-		{"unknown field", true, 2},
+		{"unknown field", true, 1},
 		{"message text", false, 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			// A peak above the bound can be the collector falling behind on a busy machine
-			// rather than memory the proxy holds: the better of two tries counts.
-			per := peakPerRequest(t, n, size, tt.unknown)
-			if per > tt.want+0.05 {
-				per = min(per, peakPerRequest(t, n, size, tt.unknown))
-			}
-			if per > tt.want+0.05 {
-				t.Errorf("peak heap per request is %.2f bodies; want at most %.0f", per, tt.want)
+			if per := peakPerRequest(t, n, size, tt.unknown); per > tt.want+0.05 {
+				t.Errorf("peak live heap per request is %.2f bodies; want at most %.0f", per, tt.want)
 			}
 		})
 	}
@@ -106,21 +101,35 @@ func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label st
 		Sessions: store, Recorder: discardRecorder{}, Log: slog.New(slog.DiscardHandler)})
 	defer px.Close()
 
-	defer debug.SetGCPercent(debug.SetGCPercent(5)) // garbage does not count: measure what is live
+	// The live heap is what the collector marked at the end of its last cycle; HeapAlloc
+	// also counts what died since, and a request's dead body (read, decoded, no longer
+	// referenced) is still there when the next body-sized buffer is allocated on a machine
+	// with cores to spare (a quarter of a body per request at GOMAXPROCS 4, 2.26 bodies
+	// read where 2.01 were live). At GOGC 5 each body-sized allocation starts a cycle, so
+	// the marks fall right after the allocations that make the peaks.
+	defer debug.SetGCPercent(debug.SetGCPercent(5))
 	runtime.GC()
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
+	base := live[0].Value.Uint64()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	base := ms.HeapAlloc
-	var peak atomic.Uint64
+	allocBase := ms.HeapAlloc
+	var peak, allocPeak atomic.Uint64
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		var ms runtime.MemStats
 		for {
+			metrics.Read(live)
+			if v := live[0].Value.Uint64(); v > peak.Load() {
+				peak.Store(v)
+			}
 			runtime.ReadMemStats(&ms)
-			if ms.HeapAlloc > peak.Load() {
-				peak.Store(ms.HeapAlloc)
+			if ms.HeapAlloc > allocPeak.Load() {
+				allocPeak.Store(ms.HeapAlloc)
 			}
 			select {
 			case <-stop:
@@ -152,8 +161,14 @@ func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label st
 	wg.Wait()
 	close(stop)
 	<-sampled
+	// The last cycle's mark is read once more: the sampler can have slept through it.
+	runtime.GC()
+	metrics.Read(live)
+	if v := live[0].Value.Uint64(); v > peak.Load() {
+		peak.Store(v)
+	}
 	per := float64(peak.Load()-base) / float64(n) / float64(size)
-	t.Logf("%d concurrent %d MiB requests (%s): peak heap %.0f MiB above the start, %.3f bodies per request",
-		n, size>>20, label, float64(peak.Load()-base)/(1<<20), per)
+	t.Logf("%d concurrent %d MiB requests (%s): peak live heap %.0f MiB above the start, %.3f bodies per request (HeapAlloc, garbage included: %.3f)",
+		n, size>>20, label, float64(peak.Load()-base)/(1<<20), per, float64(allocPeak.Load()-allocBase)/float64(n)/float64(size))
 	return per
 }
