@@ -411,22 +411,6 @@ func (m *Store) groupStateLocked(id string) trace.GroupState {
 	return st
 }
 
-// FinishedGroups lists the groups ready to be formed into a step (trace.GroupState.Complete),
-// by id.
-func (m *Store) FinishedGroups() ([]string, error) {
-	gs, err := m.Groups()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, g := range gs {
-		if g.Complete() {
-			out = append(out, g.ID)
-		}
-	}
-	return out, nil
-}
-
 // Group returns group id with its sessions (in creation order) and their calls.
 // trace.ErrUnknownGroup.
 func (m *Store) Group(id string) (trace.Group, error) {
