@@ -521,11 +521,6 @@ func (m *Store) SaveStepRecord(rec trace.StepRecord) error {
 	return nil
 }
 
-// SaveStep is SaveStepRecord of step n from groups, with no cut-off and no budget.
-func (m *Store) SaveStep(n int64, groups []string) error {
-	return m.SaveStepRecord(trace.StepRecord{N: n, Groups: groups})
-}
-
 // CommitStep records that the trainer consumed step n, exactly once: trace.ErrCommitted
 // on a second commit, trace.ErrUnknownStep for a step never saved.
 func (m *Store) CommitStep(n int64) error {
@@ -541,18 +536,6 @@ func (m *Store) CommitStep(n int64) error {
 	}
 	st.Committed = true
 	return nil
-}
-
-// StepCommitted reports whether step n was committed. trace.ErrUnknownStep.
-func (m *Store) StepCommitted(n int64) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.init()
-	st := m.steps[n]
-	if st == nil {
-		return false, fmt.Errorf("step %d: %w", n, trace.ErrUnknownStep)
-	}
-	return st.Committed, nil
 }
 
 // Steps returns the saved steps not yet committed, by number, and the highest committed
