@@ -271,16 +271,6 @@ def test_tokenizer_directory_errors(tmp_path: Path, make: Any, want: str) -> Non
     assert str(d) in str(e.value)
 
 
-SMOLLM2 = Path.home() / ".cache" / "floe" / "models" / "smollm2-135m-instruct"
-
-
-@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(), reason="SmolLM2 not fetched (make test-vllm)")
-def test_tokenizer_smollm2_keeps_its_chatml_ids() -> None:
-    tok = load_tokenizer(tokenizer_dir=SMOLLM2)
-    assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
-    assert tok.convert_tokens_to_ids("<tool_call>") == 49152 and len(tok) == 49158
-
-
 def test_chat_template_tool_conversation(tok: Any) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are terse."},
