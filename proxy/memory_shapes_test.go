@@ -52,7 +52,7 @@ func TestPeakMemoryPerBodyShape(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			body := func() io.Reader { return shapedReader(size, tt.unit) }
 			if per := peakPerRequestOf(t, n, size, body, tt.name); per > want {
-				t.Errorf("peak heap per request is %.2f bodies; want at most %.1f", per, want)
+				t.Errorf("peak live heap per request is %.2f bodies; want at most %.1f", per, want)
 			}
 		})
 	}

@@ -110,27 +110,15 @@ func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label st
 	// 2 ms sleep of the sampler hide the first: that can only read lower.
 	defer debug.SetGCPercent(debug.SetGCPercent(5))
 	runtime.GC()
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(live)
-	base := live[0].Value.Uint64()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	allocBase := ms.HeapAlloc
-	var peak, allocPeak atomic.Uint64
+	base := liveHeap()
+	var peak atomic.Uint64
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-		var ms runtime.MemStats
 		for {
-			metrics.Read(live)
-			if v := live[0].Value.Uint64(); v > peak.Load() {
+			if v := liveHeap(); v > peak.Load() {
 				peak.Store(v)
-			}
-			runtime.ReadMemStats(&ms)
-			if ms.HeapAlloc > allocPeak.Load() {
-				allocPeak.Store(ms.HeapAlloc)
 			}
 			select {
 			case <-stop:
@@ -163,7 +151,14 @@ func peakPerRequestOf(t *testing.T, n, size int, body func() io.Reader, label st
 	close(stop)
 	<-sampled
 	per := float64(peak.Load()-base) / float64(n) / float64(size)
-	t.Logf("%d concurrent %d MiB requests (%s): peak live heap %.0f MiB above the start, %.3f bodies per request (HeapAlloc, garbage included: %.3f)",
-		n, size>>20, label, float64(peak.Load()-base)/(1<<20), per, float64(allocPeak.Load()-allocBase)/float64(n)/float64(size))
+	t.Logf("%d concurrent %d MiB requests (%s): peak live heap %.0f MiB above the start, %.3f bodies per request",
+		n, size>>20, label, float64(peak.Load()-base)/(1<<20), per)
 	return per
+}
+
+// liveHeap is the heap the collector marked live at the end of its last cycle.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
